@@ -1,0 +1,51 @@
+"""cgcompile: CUDA-graph modes for any PyTorch model through `torch.compile`.
+
+    compiled = torch.compile(model, backend="cudagraph_modes",
+                             options={"cudagraph_mode": "FULL_AND_PIECEWISE"})
+"""
+
+from cgcompile.attention import register_attention_op
+from cgcompile.backend import CompiledGraph, compiled_graphs, cudagraph_modes
+from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
+from cgcompile.counters import Counters, counters
+from cgcompile.dispatcher import CudagraphDispatcher
+from cgcompile.dynamic import mark_dynamic_batch
+from cgcompile.errors import CaptureError, CGCompileError, ConfigError
+from cgcompile.forward_context import (
+    BatchDescriptor,
+    ForwardContext,
+    batch_hint,
+    get_forward_context,
+    is_forward_context_available,
+    set_forward_context,
+)
+from cgcompile.resolution import Downgrade, Resolution, Rule, resolve_cudagraph_mode
+from cgcompile.wrappers import CUDAGraphWrapper
+
+__all__ = [
+    "AttentionCGSupport",
+    "BatchDescriptor",
+    "CGCompileError",
+    "CUDAGraphMode",
+    "CUDAGraphWrapper",
+    "CaptureError",
+    "CompilationConfig",
+    "CompiledGraph",
+    "ConfigError",
+    "Counters",
+    "CudagraphDispatcher",
+    "Downgrade",
+    "ForwardContext",
+    "Resolution",
+    "Rule",
+    "batch_hint",
+    "compiled_graphs",
+    "counters",
+    "cudagraph_modes",
+    "get_forward_context",
+    "is_forward_context_available",
+    "mark_dynamic_batch",
+    "register_attention_op",
+    "resolve_cudagraph_mode",
+    "set_forward_context",
+]

@@ -1,0 +1,143 @@
+"""The callable the backend hands to Dynamo: dispatch, pad, run the graphs, unpad.
+
+Per call (automatic mode, the default):
+1. read the batch size n from the user's batch tensors and the hints of `batch_hint(...)`;
+2. ask the dispatcher for (runtime mode, descriptor), padding n to a capture size;
+3. copy user tensors into static buffers (padded rows zero; parameters never copied);
+4. run the FULL wrapper (which holds the PIECEWISE-wrapped pieces) under that forward context;
+5. slice batch outputs back to n.
+Batches no graph fits run eagerly, unpadded. If the caller already set a forward context
+(manual, vLLM-style), it is honoured as is: no dispatch, no padding, no copies.
+
+Outputs of a graph replay live in graph memory and are overwritten by the next call; clone
+what you keep.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from cgcompile.backend.inputs import InputPlan, StaticInputs
+from cgcompile.backend.report import GraphReport
+from cgcompile.config import CUDAGraphMode
+from cgcompile.counters import counters
+from cgcompile.dispatcher import CudagraphDispatcher
+from cgcompile.forward_context import (
+    current_batch_hint,
+    is_forward_context_available,
+    set_forward_context,
+)
+from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
+
+logger = logging.getLogger(__name__)
+NONE = CUDAGraphMode.NONE
+
+_live_graphs: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
+
+
+def compiled_graphs() -> list[CompiledGraph]:
+    """Every live graph compiled by the backend, oldest first, for inspection and reports."""
+    return sorted(_live_graphs, key=lambda g: g._report.graph_id)
+
+
+class CompiledGraph:
+    """Runs one Dynamo graph with the CUDA-graph mode it resolved to."""
+
+    def __init__(
+        self,
+        runnable: Callable[..., Any],
+        dispatcher: CudagraphDispatcher,
+        plan: InputPlan,
+        report: GraphReport,
+        wrappers: list[CUDAGraphWrapper],
+        runtime: GraphRuntime | None,
+    ) -> None:
+        self.runnable = runnable
+        self.dispatcher = dispatcher
+        self.plan = plan
+        self._report = report
+        self.wrappers = wrappers
+        self.runtime = runtime
+        self.static_inputs = StaticInputs(plan, dispatcher.max_capture_size)
+        self.uses_graphs = dispatcher.cudagraph_mode != NONE
+        self._warned: set[str] = set()
+        _live_graphs.add(self)
+
+    def __call__(self, *args: Any) -> Any:
+        if is_forward_context_available() or not self.uses_graphs:
+            return self.runnable(*args)
+        n = self.plan.batch_size(args)
+        mode, desc = self._dispatch(n)
+        if mode == NONE:
+            return self._run_eager(args, n)
+        padded = desc.num_tokens
+        args = self.static_inputs.fill(args, n, padded)
+        with set_forward_context(mode, desc):
+            out = self.runnable(*args)
+        if padded != n and self.plan.batch_outputs:
+            out = list(out)
+            for i in self.plan.batch_outputs:
+                out[i] = out[i][:n]
+        return out
+
+    def _dispatch(self, n: int | None) -> tuple[CUDAGraphMode, Any]:
+        if n is None:
+            return NONE, None
+        hint = current_batch_hint()
+        if hint is None:
+            return self.dispatcher.dispatch(n)
+        uniform = hint.uniform_decode
+        if uniform is None and hint.num_reqs is not None:
+            uniform = n == hint.num_reqs * self.dispatcher.uniform_decode_query_len
+        return self.dispatcher.dispatch(
+            n, bool(uniform), hint.has_lora, invalid_modes=hint.invalid_modes
+        )
+
+    def _run_eager(self, args: tuple[Any, ...], n: int | None) -> Any:
+        counters.num_eager_fallbacks += 1
+        self._report.num_eager_fallbacks += 1
+        self._warn_once(n)
+        return self.runnable(*args)
+
+    def _warn_once(self, n: int | None) -> None:
+        """One warning per kind of miss, so missing sizes are never silent nor noisy."""
+        if n is None:
+            kind, why = "shape", "the batch tensors disagree on dim 0, or there are none"
+        elif n > self.dispatcher.max_capture_size:
+            kind = "large"
+            why = f"{n} tokens exceed the largest capture size {self.dispatcher.max_capture_size}"
+        else:
+            kind, why = "key", f"no graph serves {n} tokens with the current batch_hint"
+        if kind not in self._warned:
+            self._warned.add(kind)
+            logger.warning(
+                "graph %d runs a batch without CUDA graphs (%s); counted in num_eager_fallbacks, "
+                "warned once", self._report.graph_id, why,
+            )
+
+    @property
+    def report(self) -> GraphReport:
+        """The compile-time report with live capture figures filled in."""
+        captured: dict[str, set[str]] = {}
+        for wrapper in self.wrappers:
+            keys = captured.setdefault(str(wrapper.runtime_mode), set())
+            keys.update(_describe_key(k) for k in wrapper.captured_keys())
+        self._report.captured = {mode: sorted(keys) for mode, keys in captured.items()}
+        self._report.capture_seconds = sum(w.capture_seconds for w in self.wrappers)
+        self._report.graph_memory_bytes = self.runtime.memory_bytes() if self.runtime else 0
+        self._report.static_input_bytes = self.static_inputs.nbytes()
+        return self._report
+
+    def format_report(self) -> str:
+        return self.report.format()
+
+
+def _describe_key(key: Any) -> str:
+    desc, sizes = key
+    text = f"{desc.num_tokens}"
+    if desc.uniform:
+        text += f"u{desc.num_reqs}"
+    return text + (f"{list(sizes)}" if len(sizes) > 1 else "")

@@ -1,0 +1,33 @@
+"""The Dynamo backend `cudagraph_modes`, registered through the `torch_dynamo_backends`
+entry point, so `torch.compile(m, backend="cudagraph_modes", options={...})` needs no import.
+
+    compiled = torch.compile(model, backend="cudagraph_modes",
+                             options={"cudagraph_mode": "FULL_AND_PIECEWISE"})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import fx
+
+from cgcompile.backend.compiled_graph import CompiledGraph
+from cgcompile.backend.pipeline import compile_graph
+from cgcompile.config import CompilationConfig
+from cgcompile.errors import ConfigError
+
+
+def cudagraph_modes(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any] | None = None,
+    mode: str | None = None,
+) -> CompiledGraph:
+    """Dynamo calls this once per traced graph; `options` is the dict given to torch.compile."""
+    if mode is not None:
+        raise ConfigError(
+            f"backend 'cudagraph_modes' takes its settings through options=, got mode={mode!r}; "
+            f"e.g. options={{'cudagraph_mode': 'FULL_AND_PIECEWISE'}}"
+        )
+    return compile_graph(gm, example_inputs, CompilationConfig.from_options(options))

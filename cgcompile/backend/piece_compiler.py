@@ -1,0 +1,174 @@
+"""Compile each capturable piece of a split graph once, with symbolic shapes.
+
+`compile_pieces` runs the stitching graph on Dynamo's fake inputs with an `fx.Interpreter`;
+at each capturable piece it compiles that piece with the fake arguments it actually receives
+(FakeTensors with the symbolic batch size, plus SymInts), so one compiled artifact serves
+every batch size. Splitting pieces stay eager. Pieces with the same structure (identical
+layers) share one compiled artifact: N layers cost one compile, not N.
+
+    compiled = compile_pieces(split, example_inputs, compiler="inductor")
+    compiled["submod_0"](*args)
+
+Optional `compile_sizes` add artifacts specialised to a concrete batch size; `PieceRunner`
+picks one by the batch-size argument at call time. Dynamo's `RestartAnalysis` must propagate:
+nothing here catches broad exceptions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch._dispatch.python import enable_python_dispatcher
+
+from cgcompile.counters import counters
+from cgcompile.passes.split import SplitResult, graph_signature
+
+logger = logging.getLogger(__name__)
+
+Compiled = Callable[..., Any]
+
+
+class PieceRunner:
+    """Calls the general artifact, or the one specialised for the current batch size."""
+
+    def __init__(self, general: Compiled, shares_compile_with: str | None = None) -> None:
+        self.general = general
+        self.shares_compile_with = shares_compile_with
+        self.size_index: int | None = None
+        self.by_size: dict[int, Compiled] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        if self.by_size:
+            return self.by_size.get(args[self.size_index], self.general)(*args)
+        return self.general(*args)
+
+
+def compile_one(gm: fx.GraphModule, args: Sequence[Any], compiler: str) -> Compiled:
+    """Compile a piece for the (fake, symbolic) args it receives."""
+    if compiler == "eager":
+        return gm
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, list(args))
+
+
+def _compile_for_size(
+    gm: fx.GraphModule, args: Sequence[Any], size: int, batch_exprs: frozenset[Any]
+) -> Compiled:
+    """Inductor artifact for real example inputs with the batch fixed to `size`."""
+    concrete = [_concretize(a, size, batch_exprs) for a in args]
+    return torch._inductor.standalone_compile(gm, concrete, dynamic_shapes="from_example_inputs")
+
+
+def _concretize(arg: Any, size: int, batch_exprs: frozenset[Any]) -> Any:
+    def dim(d: Any) -> int:
+        if isinstance(d, torch.SymInt) and d.node.expr in batch_exprs:
+            return size
+        return int(d.node.hint) if isinstance(d, torch.SymInt) else int(d)
+
+    if isinstance(arg, torch.SymInt):
+        return dim(arg)
+    if isinstance(arg, torch.Tensor):
+        shape = [dim(d) for d in arg.shape]
+        stride = [dim(s) for s in arg.stride()]
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            return torch.empty_strided(shape, stride, dtype=arg.dtype, device=arg.device)
+    return arg
+
+
+class _Interpreter(fx.Interpreter):
+    """Propagates fake values through the stitching graph, compiling capturable pieces."""
+
+    def __init__(self, split: SplitResult, compiler: str) -> None:
+        super().__init__(split.split_gm)
+        self.capturable = {item.name for item in split.capturable}
+        self.compiler = compiler
+        self.cache: dict[Any, tuple[str, Compiled]] = {}
+        self.runners: dict[str, PieceRunner] = {}
+        self.piece_args: dict[str, list[Any]] = {}
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        out = super().call_module(target, args, kwargs)
+        if target in self.capturable:
+            self.piece_args[target] = list(args)
+            self.runners[target] = self._compile(target, list(args))
+        return out
+
+    def _compile(self, name: str, args: list[Any]) -> PieceRunner:
+        gm = self.fetch_attr(name)
+        key = _dedupe_key(gm, self.compiler)
+        if key in self.cache:
+            owner, compiled = self.cache[key]
+            return PieceRunner(compiled, shares_compile_with=owner)
+        start = time.perf_counter()
+        compiled = compile_one(gm, args, self.compiler)
+        counters.num_backend_compilations += 1
+        logger.debug(
+            "compiled %s with %s in %.2fs", name, self.compiler, time.perf_counter() - start
+        )
+        if key is not None:
+            self.cache[key] = (name, compiled)
+        return PieceRunner(compiled)
+
+
+def compile_pieces(
+    split: SplitResult,
+    example_inputs: Sequence[Any],
+    compiler: str,
+    compile_sizes: Sequence[int] = (),
+    batch_exprs: frozenset[Any] = frozenset(),
+) -> dict[str, PieceRunner]:
+    """Compile every capturable piece; returns piece name -> runner."""
+    fake_mode = torch._guards.detect_fake_mode(example_inputs)
+    interpreter = _Interpreter(split, compiler)
+    fake_args = [
+        fake_mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in example_inputs
+    ]
+    with fake_mode, enable_python_dispatcher():
+        interpreter.run(*fake_args)
+    if compile_sizes and compiler == "inductor":
+        for name, runner in interpreter.runners.items():
+            _specialize(
+                runner,
+                split.split_gm.get_submodule(name),
+                interpreter.piece_args[name],
+                compile_sizes,
+                batch_exprs,
+            )
+    return interpreter.runners
+
+
+def _specialize(
+    runner: PieceRunner,
+    gm: fx.GraphModule,
+    args: list[Any],
+    sizes: Sequence[int],
+    batch_exprs: frozenset[Any],
+) -> None:
+    """Add artifacts with the batch fixed to each of `sizes` (pieces that see the batch)."""
+    index = next(
+        (
+            i
+            for i, a in enumerate(args)
+            if isinstance(a, torch.SymInt) and a.node.expr in batch_exprs
+        ),
+        None,
+    )
+    if index is None:
+        return
+    runner.size_index = index
+    for size in sizes:
+        runner.by_size[size] = _compile_for_size(gm, args, size, batch_exprs)
+        counters.num_backend_compilations += 1
+
+
+def _dedupe_key(gm: fx.GraphModule, compiler: str) -> Any:
+    """Pieces holding constants (get_attr) are never shared: their code embeds the constant."""
+    if any(n.op == "get_attr" for n in gm.graph.nodes):
+        return None
+    return (compiler, graph_signature(gm))

@@ -1,0 +1,185 @@
+"""From a Dynamo graph to a `CompiledGraph`: the backend's steps, in order.
+
+1. find the attention ops in the graph and the lowest CUDA-graph support among them;
+2. split at the splitting ops (`passes.split`);
+3. resolve the requested mode against that support (`resolution`), logging every downgrade;
+4. compile each capturable piece once, with the symbolic batch (`piece_compiler`);
+5. wrap each piece in a PIECEWISE `CUDAGraphWrapper` and the stitched graph in a FULL one,
+   as the resolved mode needs, all sharing one graph runtime (one memory pool);
+6. build the dispatcher's keys and return the runtime entry.
+Counters are updated only once all steps succeeded: Dynamo may restart analysis mid-way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from cgcompile.attention import attention_ops, find_attention, is_split_at
+from cgcompile.backend.compiled_graph import CompiledGraph
+from cgcompile.backend.inputs import InputPlan
+from cgcompile.backend.piece_compiler import PieceRunner, compile_pieces
+from cgcompile.backend.report import GraphReport, PieceInfo
+from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
+from cgcompile.counters import counters
+from cgcompile.dispatcher import CudagraphDispatcher
+from cgcompile.errors import ConfigError
+from cgcompile.passes.op_match import OpMatcher
+from cgcompile.passes.split import SplitResult, split_graph
+from cgcompile.resolution import Resolution, resolve_cudagraph_mode
+from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime, make_graph_runtime
+
+logger = logging.getLogger(__name__)
+_graph_ids = itertools.count()
+
+
+def compile_graph(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
+) -> CompiledGraph:
+    start = time.perf_counter()
+    graph_id = next(_graph_ids)
+    matcher = OpMatcher(attention_ops() if config.splitting_ops is None else config.splitting_ops)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    attention = find_attention(targets)
+    support = config.attention_cg_support or min(
+        attention.values(), default=AttentionCGSupport.ALWAYS
+    )
+    plan = InputPlan.from_graph(gm, example_inputs)
+    runtime_kind, device = _choose_runtime(config, example_inputs)
+    resolution = resolve_cudagraph_mode(
+        config.cudagraph_mode,
+        support,
+        splits_attention=is_split_at(matcher, targets),
+        piecewise_available=bool(matcher),
+        graphs_available=runtime_kind is not None,
+        uniform_decode_query_len=config.uniform_decode_query_len,
+        capture_sizes=_capture_sizes(config, plan),
+    )
+    split = split_graph(gm, matcher)
+    runners = compile_pieces(
+        split, example_inputs, config.compiler, config.compile_sizes, plan.batch_exprs
+    )
+    mode = resolution.mode
+    runtime = make_graph_runtime(runtime_kind, device) if mode != CUDAGraphMode.NONE else None
+    wrappers = _install_pieces(split, runners, mode, runtime, config, graph_id)
+    runnable: Any = split.split_gm
+    if mode.has_full_cudagraphs():
+        runnable = CUDAGraphWrapper(
+            split.split_gm, CUDAGraphMode.FULL, runtime, name=f"graph{graph_id}.full",
+            num_warmups=config.num_warmups, weak_output=True,
+        )
+        wrappers.insert(0, runnable)
+    dispatcher = CudagraphDispatcher(config, resolution.capture_sizes)
+    dispatcher.initialize_cudagraph_keys(mode, config.uniform_decode_query_len)
+    _count(split, runners)
+    report = _report(graph_id, config, resolution, attention, support, runtime_kind, split, runners)
+    report.compile_seconds = time.perf_counter() - start
+    _log_resolution(graph_id, resolution, attention, split)
+    return CompiledGraph(runnable, dispatcher, plan, report, wrappers, runtime)
+
+
+def _choose_runtime(
+    config: CompilationConfig, example_inputs: Sequence[Any]
+) -> tuple[str | None, torch.device | None]:
+    cuda = next(
+        (t.device for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda), None
+    )
+    if config.graph_runtime == "simulated":
+        return "simulated", None
+    if config.graph_runtime == "cuda":
+        if cuda is None:
+            raise ConfigError(
+                "graph_runtime='cuda' but no input of this graph is on a CUDA device; move the "
+                "model and inputs to CUDA, or use graph_runtime='auto' or 'simulated'"
+            )
+        return "cuda", cuda
+    return ("cuda", cuda) if cuda is not None else (None, None)
+
+
+def _capture_sizes(config: CompilationConfig, plan: InputPlan) -> tuple[int, ...]:
+    """A graph with a static batch can only ever run at that one size."""
+    if plan.static_batch is not None:
+        return (plan.static_batch,)
+    return config.cudagraph_capture_sizes
+
+
+def _install_pieces(
+    split: SplitResult,
+    runners: dict[str, PieceRunner],
+    mode: CUDAGraphMode,
+    runtime: GraphRuntime | None,
+    config: CompilationConfig,
+    graph_id: int,
+) -> list[CUDAGraphWrapper]:
+    """Shadow each capturable submodule with its compiled runner, wrapped if PIECEWISE."""
+    wrappers = []
+    last = split.capturable[-1].name if split.capturable else None
+    for item in split.capturable:
+        piece: Any = runners[item.name]
+        if mode.has_piecewise_cudagraphs():
+            piece = CUDAGraphWrapper(
+                piece, CUDAGraphMode.PIECEWISE, runtime, name=f"graph{graph_id}.{item.name}",
+                num_warmups=config.num_warmups, copy_arg_indices=item.fresh_arg_indices,
+                weak_output=item.name == last,
+            )
+            wrappers.append(piece)
+        # An instance attribute wins over nn.Module's submodule lookup in forward().
+        split.split_gm.__dict__[item.name] = piece
+    return wrappers
+
+
+def _count(split: SplitResult, runners: dict[str, PieceRunner]) -> None:
+    counters.num_graphs_seen += 1
+    counters.num_piecewise_graphs_seen += len(split.items)
+    counters.num_piecewise_capturable_graphs_seen += len(split.capturable)
+
+
+def _report(
+    graph_id: int,
+    config: CompilationConfig,
+    resolution: Resolution,
+    attention: dict[str, AttentionCGSupport],
+    support: AttentionCGSupport,
+    runtime_kind: str | None,
+    split: SplitResult,
+    runners: dict[str, PieceRunner],
+) -> GraphReport:
+    pieces = [
+        PieceInfo(
+            item.name,
+            not item.is_splitting,
+            item.ops,
+            None if item.is_splitting else runners[item.name].shares_compile_with,
+        )
+        for item in split.items
+    ]
+    return GraphReport(
+        graph_id=graph_id,
+        requested_mode=str(resolution.requested),
+        mode=str(resolution.mode),
+        reasons=[str(r) for r in resolution.reasons],
+        attention_ops={name: str(s) for name, s in attention.items()},
+        attention_support=str(support),
+        graph_runtime=runtime_kind if resolution.mode != CUDAGraphMode.NONE else None,
+        compiler=config.compiler,
+        pieces=pieces,
+        capture_sizes=list(resolution.capture_sizes),
+        compile_seconds=0.0,
+    )
+
+
+def _log_resolution(
+    graph_id: int, resolution: Resolution, attention: dict[str, Any], split: SplitResult
+) -> None:
+    for reason in resolution.reasons:
+        logger.warning("graph %d: cudagraph mode %s", graph_id, reason)
+    logger.info(
+        "graph %d: mode %s, %d pieces (%d capturable), attention %s",
+        graph_id, resolution.mode, len(split.items), len(split.capturable), attention or "none",
+    )

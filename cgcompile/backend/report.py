@@ -1,0 +1,61 @@
+"""What the backend did for one graph, kept for inspection: `cgcompile.compiled_graphs()`.
+
+    for g in cgcompile.compiled_graphs():
+        print(g.format_report())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class PieceInfo:
+    name: str
+    capturable: bool
+    ops: tuple[str, ...]
+    """Splitting ops in this piece (empty for capturable pieces)."""
+    shares_compile_with: str | None = None
+    """An earlier piece with the same structure whose compiled artifact this one reuses."""
+
+
+@dataclasses.dataclass
+class GraphReport:
+    graph_id: int
+    requested_mode: str
+    mode: str
+    reasons: list[str]
+    attention_ops: dict[str, str]
+    """Attention ops found in the graph and their declared CUDA-graph support."""
+    attention_support: str
+    graph_runtime: str | None
+    compiler: str
+    pieces: list[PieceInfo]
+    capture_sizes: list[int]
+    compile_seconds: float
+    num_eager_fallbacks: int = 0
+    captured: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    """Graph keys captured so far, per runtime mode."""
+    capture_seconds: float = 0.0
+    graph_memory_bytes: int = 0
+    static_input_bytes: int = 0
+
+    def format(self) -> str:
+        n_cap = sum(p.capturable for p in self.pieces)
+        lines = [
+            f"graph {self.graph_id}: mode {self.mode} (requested {self.requested_mode}), "
+            f"runtime {self.graph_runtime or 'none'}, compiler {self.compiler}",
+            f"  attention: {self.attention_ops or 'none'} -> support {self.attention_support}",
+            f"  pieces: {len(self.pieces)} ({n_cap} capturable, "
+            f"{sum(p.shares_compile_with is not None for p in self.pieces)} reuse a compile), "
+            f"compiled in {self.compile_seconds:.2f}s",
+        ]
+        lines += [f"  downgrade: {r}" for r in self.reasons]
+        for mode, keys in self.captured.items():
+            lines.append(f"  captured {mode}: {len(keys)} graphs {keys}")
+        lines.append(
+            f"  capture {self.capture_seconds:.2f}s, graph memory "
+            f"{self.graph_memory_bytes / 2**20:.1f} MiB, static inputs "
+            f"{self.static_input_bytes / 2**20:.1f} MiB, eager fallbacks {self.num_eager_fallbacks}"
+        )
+        return "\n".join(lines)

@@ -1,0 +1,19 @@
+"""The library's exceptions.
+
+Every error derives from `CGCompileError` and also from the builtin it refines, so callers can
+catch either: `ConfigError` is a `ValueError`, `CaptureError` a `RuntimeError`.
+"""
+
+from __future__ import annotations
+
+
+class CGCompileError(Exception):
+    """Base class of every error raised by cgcompile."""
+
+
+class ConfigError(CGCompileError, ValueError):
+    """An option or a combination of options is invalid; the message names key, value, fix."""
+
+
+class CaptureError(CGCompileError, RuntimeError):
+    """A CUDA graph could not be captured or would replay on the wrong memory."""

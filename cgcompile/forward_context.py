@@ -1,0 +1,142 @@
+"""What the dispatcher chose for the batch being run, visible to every CUDA-graph wrapper.
+
+`BatchDescriptor` is the hashable key of a padded batch. `set_forward_context` publishes the
+chosen runtime mode and descriptor for the duration of a forward; wrappers read it with
+`get_forward_context()` and trust it. Contexts nest and are per thread/task (contextvars).
+
+    with set_forward_context(cudagraph_runtime_mode=CUDAGraphMode.FULL,
+                             batch_descriptor=BatchDescriptor(8, num_reqs=8, uniform=True)):
+        out = compiled(tokens)
+
+`batch_hint` is the lighter, user-facing variant for automatic dispatch: it describes the batch
+(uniform decode or not, request count, LoRA, modes a feature forbids) and lets the backend pick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+
+from cgcompile.config import CUDAGraphMode
+from cgcompile.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchDescriptor:
+    """Key of one padded batch. PIECEWISE keys are relaxed: `num_reqs=None, uniform=False`."""
+
+    num_tokens: int
+    num_reqs: int | None = None
+    uniform: bool = False
+    has_lora: bool = False
+
+    def relaxed(self) -> BatchDescriptor:
+        """The key a PIECEWISE graph of this size is stored under (any request count)."""
+        return dataclasses.replace(self, num_reqs=None, uniform=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardContext:
+    cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE
+    batch_descriptor: BatchDescriptor | None = None
+
+    def __post_init__(self) -> None:
+        if self.cudagraph_runtime_mode not in CUDAGraphMode.valid_runtime_modes():
+            raise ConfigError(
+                f"cudagraph_runtime_mode must be one of NONE, PIECEWISE, FULL, got "
+                f"{self.cudagraph_runtime_mode}; composite modes are resolved per batch"
+            )
+        if self.cudagraph_runtime_mode != CUDAGraphMode.NONE and self.batch_descriptor is None:
+            raise ConfigError(
+                f"cudagraph_runtime_mode={self.cudagraph_runtime_mode} needs a batch_descriptor"
+            )
+
+
+_forward_context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
+    "cgcompile_forward_context", default=None
+)
+
+
+@contextlib.contextmanager
+def set_forward_context(
+    cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE,
+    batch_descriptor: BatchDescriptor | None = None,
+    num_tokens: int | None = None,
+) -> Iterator[ForwardContext]:
+    """Publish the runtime mode and batch key for the enclosed forward; restores on exit.
+
+    `num_tokens` alone builds `BatchDescriptor(num_tokens)`.
+    """
+    if batch_descriptor is None and num_tokens is not None:
+        batch_descriptor = BatchDescriptor(num_tokens)
+    ctx = ForwardContext(cudagraph_runtime_mode, batch_descriptor)
+    token = _forward_context.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _forward_context.reset(token)
+
+
+def get_forward_context() -> ForwardContext:
+    ctx = _forward_context.get()
+    if ctx is None:
+        raise RuntimeError("no forward context is set; use `with set_forward_context(...)`")
+    return ctx
+
+
+def is_forward_context_available() -> bool:
+    return _forward_context.get() is not None
+
+
+def current_forward_context() -> ForwardContext | None:
+    """The active context or None: the cheap read the replay path uses."""
+    return _forward_context.get()
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchHint:
+    """What the caller knows about the next batch; read by automatic dispatch."""
+
+    uniform_decode: bool | None = None
+    """Every request has the same query length q and num_tokens == q * num_reqs."""
+    num_reqs: int | None = None
+    """Requests in the batch; with q known it decides `uniform_decode` when that is None."""
+    has_lora: bool = False
+    invalid_modes: frozenset[CUDAGraphMode] = frozenset()
+    """Runtime modes this batch must not use, e.g. {FULL} for a feature a full graph can't hold."""
+
+
+_batch_hint: contextvars.ContextVar[BatchHint | None] = contextvars.ContextVar(
+    "cgcompile_batch_hint", default=None
+)
+
+
+@contextlib.contextmanager
+def batch_hint(
+    uniform_decode: bool | None = None,
+    num_reqs: int | None = None,
+    has_lora: bool = False,
+    invalid_modes: set[CUDAGraphMode] | frozenset[CUDAGraphMode] = frozenset(),
+) -> Iterator[BatchHint]:
+    """Describe the batch of the enclosed calls to the automatic dispatcher.
+
+        with cgcompile.batch_hint(uniform_decode=True):
+            logits = compiled(tokens)          # FULL graph in FULL_AND_PIECEWISE
+    """
+    bad = [m for m in invalid_modes if m not in CUDAGraphMode.valid_runtime_modes()]
+    if bad:
+        raise ConfigError(f"invalid_modes must hold runtime modes NONE/PIECEWISE/FULL, got {bad}")
+    if num_reqs is not None and num_reqs < 1:
+        raise ConfigError(f"batch_hint num_reqs must be >= 1, got {num_reqs}")
+    hint = BatchHint(uniform_decode, num_reqs, has_lora, frozenset(invalid_modes))
+    token = _batch_hint.set(hint)
+    try:
+        yield hint
+    finally:
+        _batch_hint.reset(token)
+
+
+def current_batch_hint() -> BatchHint | None:
+    return _batch_hint.get()

@@ -1,0 +1,70 @@
+"""Match FX nodes against op specs: `"ns::op"`, `"ns::op.overload"`, op objects or callables.
+
+In a Dynamo graph a custom op appears as an `OpOverloadPacket` (`torch.ops.ns.op(...)`) or an
+`OpOverload` (`torch.ops.ns.op.default(...)`, or a `custom_op` object), and SDPA as the
+callable `torch._C._nn.scaled_dot_product_attention`. Specs are normalised once to names and
+callables; matching a node is then a set lookup.
+
+    matcher = OpMatcher(["silly::attention", torch.nn.functional.scaled_dot_product_attention])
+    [n for n in gm.graph.nodes if matcher.matches(n)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import fx
+
+
+def op_names(target: Any) -> tuple[str, ...]:
+    """Names a call target answers to: ("ns::op",) for a packet, plus "ns::op.overload"."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return (target._qualified_op_name,)
+    if isinstance(target, torch._ops.OpOverload):
+        base = target._schema.name
+        return (base, f"{base}.{target._overloadname}")
+    return ()
+
+
+def spec_key(spec: Any) -> str | Callable[..., Any]:
+    """The canonical form of one spec: a name string, or the callable itself."""
+    if isinstance(spec, str):
+        return spec
+    names = op_names(spec)
+    if isinstance(spec, torch._ops.OpOverload) and spec._overloadname != "default":
+        return names[1]
+    if names:
+        return names[0]
+    if callable(spec):
+        return spec
+    raise TypeError(f"not an op spec: {spec!r}; expected 'ns::op', an op or a callable")
+
+
+def describe(target: Any) -> str:
+    """Readable name of a call target for logs and reports."""
+    names = op_names(target)
+    if names:
+        return names[0]
+    return getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+
+
+class OpMatcher:
+    """Answers whether a node calls one of the given ops."""
+
+    def __init__(self, specs: Iterable[Any]) -> None:
+        keys = [spec_key(s) for s in specs]
+        self.names = frozenset(k for k in keys if isinstance(k, str))
+        self.callables = tuple(k for k in keys if not isinstance(k, str))
+
+    def matches_target(self, target: Any) -> bool:
+        if any(target is c for c in self.callables):
+            return True
+        return any(name in self.names for name in op_names(target))
+
+    def matches(self, node: fx.Node) -> bool:
+        return node.op == "call_function" and self.matches_target(node.target)
+
+    def __bool__(self) -> bool:
+        return bool(self.names or self.callables)

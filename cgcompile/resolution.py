@@ -1,0 +1,129 @@
+"""Lower a requested CUDA-graph mode to what the graph's attention ops allow, with reasons.
+
+Runs once per compiled graph, when its attention ops are known. Every change is returned as a
+`Downgrade` (rule, from, to, cause) so the backend can log and report it; nothing is silent.
+
+    res = resolve_cudagraph_mode(CUDAGraphMode.FULL, AttentionCGSupport.UNIFORM_BATCH,
+                                 splits_attention=True)
+    res.mode, res.reasons[0].rule   # FULL_AND_PIECEWISE, Rule.FULL_NEEDS_ALWAYS
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+from cgcompile.config import AttentionCGSupport, CUDAGraphMode
+from cgcompile.errors import ConfigError
+
+FULL = CUDAGraphMode.FULL
+NONE = CUDAGraphMode.NONE
+PIECEWISE = CUDAGraphMode.PIECEWISE
+
+
+class Rule(enum.Enum):
+    """Why a mode or the capture sizes changed."""
+
+    NO_GRAPH_RUNTIME = "no CUDA device and no simulated runtime: graphs are unavailable"
+    FULL_NEEDS_ALWAYS = "FULL needs attention support ALWAYS"
+    DECODE_NEEDS_SUPPORT = "full decode graphs need attention support above NEVER"
+    SPEC_DECODE_NEEDS_UNIFORM_BATCH = "full decode graphs with q > 1 need UNIFORM_BATCH"
+    NOTHING_SPLIT = "piecewise graphs need splitting ops, and none are configured"
+    SIZES_ROUNDED_TO_Q = "full decode graphs with q > 1 need capture sizes that are multiples of q"
+
+
+@dataclasses.dataclass(frozen=True)
+class Downgrade:
+    rule: Rule
+    from_mode: CUDAGraphMode
+    to_mode: CUDAGraphMode
+    cause: str
+
+    def __str__(self) -> str:
+        return f"{self.from_mode} -> {self.to_mode} [{self.rule.name}]: {self.cause}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    requested: CUDAGraphMode
+    mode: CUDAGraphMode
+    reasons: tuple[Downgrade, ...]
+    capture_sizes: tuple[int, ...]
+
+
+def resolve_cudagraph_mode(
+    mode: CUDAGraphMode,
+    attention_support: AttentionCGSupport,
+    *,
+    splits_attention: bool,
+    piecewise_available: bool = True,
+    graphs_available: bool = True,
+    uniform_decode_query_len: int = 1,
+    capture_sizes: tuple[int, ...] = (),
+) -> Resolution:
+    """Apply DESIGN §3's rules in order.
+
+    `splits_attention`: the graph is split at its attention ops (attention can run eagerly
+    between pieces). `piecewise_available`: splitting ops are configured at all.
+    """
+    q = uniform_decode_query_len
+    reasons: list[Downgrade] = []
+
+    def lower(rule: Rule, to: CUDAGraphMode, cause: str) -> None:
+        nonlocal mode
+        reasons.append(Downgrade(rule, mode, to, cause))
+        mode = to
+
+    requested = mode
+    if mode != NONE and not graphs_available:
+        lower(Rule.NO_GRAPH_RUNTIME, NONE, "inputs are not on a CUDA device")
+    if mode == FULL and attention_support < AttentionCGSupport.ALWAYS:
+        _check_not_never(attention_support)
+        to = CUDAGraphMode.FULL_AND_PIECEWISE if splits_attention else CUDAGraphMode.FULL_DECODE_ONLY
+        lower(Rule.FULL_NEEDS_ALWAYS, to, f"attention support is {attention_support}")
+    fallback = PIECEWISE if splits_attention else NONE
+    if mode.decode_mode() == FULL and attention_support == AttentionCGSupport.NEVER:
+        lower(Rule.DECODE_NEEDS_SUPPORT, fallback, "attention support is NEVER")
+    if (
+        mode.decode_mode() == FULL
+        and q > 1
+        and attention_support < AttentionCGSupport.UNIFORM_BATCH
+    ):
+        cause = f"q={q} and attention support is {attention_support}"
+        lower(Rule.SPEC_DECODE_NEEDS_UNIFORM_BATCH, fallback, cause)
+    if mode.requires_piecewise_compilation() and not piecewise_available:
+        to = mode.without_piecewise()
+        if to == CUDAGraphMode.FULL_DECODE_ONLY and attention_support == AttentionCGSupport.ALWAYS:
+            to = FULL
+        lower(Rule.NOTHING_SPLIT, to, "splitting_ops is empty")
+    sizes = capture_sizes
+    if mode.decode_mode() == FULL and q > 1:
+        sizes = round_sizes_to_multiple(capture_sizes, q)
+        if sizes != capture_sizes:
+            reasons.append(Downgrade(Rule.SIZES_ROUNDED_TO_Q, mode, mode, f"{capture_sizes} -> {sizes}"))
+    return Resolution(requested, mode, tuple(reasons), sizes)
+
+
+def _check_not_never(support: AttentionCGSupport) -> None:
+    if support == AttentionCGSupport.NEVER:
+        raise ConfigError(
+            "cudagraph_mode=FULL, but an attention op in this graph has cudagraph support NEVER; "
+            "use cudagraph_mode='PIECEWISE' so attention runs eagerly between graph pieces"
+        )
+
+
+def round_sizes_to_multiple(sizes: tuple[int, ...], q: int) -> tuple[int, ...]:
+    """Round each size up to a multiple of q, drop those above the largest, de-duplicate."""
+    if not sizes:
+        return sizes
+    largest = sizes[-1]
+    rounded = sorted({r for r in (math.ceil(s / q) * q for s in sizes) if r <= largest})
+    if rounded:
+        return tuple(rounded)
+    if q <= largest:
+        return (q,)
+    raise ConfigError(
+        f"uniform_decode_query_len={q} exceeds max_cudagraph_capture_size={largest}; "
+        f"raise the max to at least {q}"
+    )

@@ -1,0 +1,25 @@
+"""CUDA-graph wrappers and the graph runtimes they capture with (real CUDA or simulated).
+
+    runtime = make_graph_runtime("cuda")          # one per compiled model: one shared pool
+    piece = CUDAGraphWrapper(compiled_piece, CUDAGraphMode.PIECEWISE, runtime, name="piece_0")
+"""
+
+from cgcompile.wrappers.cuda import CapturedCUDAGraph, CUDAGraphRuntime, weak_ref_tensors
+from cgcompile.wrappers.cuda_graph_wrapper import CUDAGraphWrapper, GraphEntry, GraphKey
+from cgcompile.wrappers.runtime import CapturedGraph, GraphRuntime, make_graph_runtime
+from cgcompile.wrappers.simulated import SimulatedGraph, SimulatedGraphRuntime, poison_value
+
+__all__ = [
+    "CUDAGraphRuntime",
+    "CUDAGraphWrapper",
+    "CapturedCUDAGraph",
+    "CapturedGraph",
+    "GraphEntry",
+    "GraphKey",
+    "GraphRuntime",
+    "SimulatedGraph",
+    "SimulatedGraphRuntime",
+    "make_graph_runtime",
+    "poison_value",
+    "weak_ref_tensors",
+]

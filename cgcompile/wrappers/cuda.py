@@ -1,0 +1,170 @@
+"""Real CUDA graphs: capture on a side stream into one shared memory pool, replay in one call.
+
+`CUDAGraphRuntime` is the "cuda" `GraphRuntime`. Each instance owns one graph memory pool and
+one side stream, shared by every wrapper it is given (the backend makes one per compiled model),
+so graphs captured largest-first reuse the pool blocks of the larger ones. `weak_ref_tensors`
+turns outputs into non-owning aliases so their pool blocks are free for later captures.
+
+Capture steps (`CUDAGraphRuntime.capture`):
+1. synchronize the device: the warm-up runs are done and nothing else is in flight;
+2. make the side stream wait on the current stream (the default stream cannot capture);
+3. disable the garbage collector: a collection mid-capture can free something the graph uses
+   (e.g. a Triton kernel's module) and invalidate the graph;
+4. on the side stream: `capture_begin(pool)`, run fn, weak-alias the outputs if asked,
+   `capture_end`; any failure ends the capture and is raised as `CaptureError`;
+5. make the current stream wait on the side stream, restore the collector, add the growth of
+   reserved memory to `memory_bytes()`.
+
+`torch.cuda.graph` is not used: its `__enter__` empties the allocator cache on every capture,
+which is slow with one capture per layer and size.
+
+    runtime = CUDAGraphRuntime(torch.device("cuda"))
+    graph, out = runtime.capture(fn, (x,), weak_output=False); graph.replay()  # fills out
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+from cgcompile.errors import CaptureError
+
+logger = logging.getLogger(__name__)
+
+
+class CapturedCUDAGraph:
+    """A `torch.cuda.CUDAGraph` and the output tensors its replays write."""
+
+    __slots__ = ("graph", "output")
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, output: Any) -> None:
+        self.graph = graph
+        self.output = output
+
+    def replay(self) -> Any:
+        """Launch the graph on the current stream; return the (overwritten) output object."""
+        self.graph.replay()
+        return self.output
+
+
+class CUDAGraphRuntime:
+    """The "cuda" `GraphRuntime`: one pool and one side stream for all its captures."""
+
+    name = "cuda"
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        device = torch.device("cuda" if device is None else device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device=self.device)
+        self._reserved_bytes = 0
+
+    def memory_bytes(self) -> int:
+        """Bytes the caching allocator newly reserved while this runtime captured.
+
+        That is the growth of the graph pool's segments (blocks reused by later captures count
+        once); it excludes the driver's own memory for instantiated graphs and anything reserved
+        outside captures (warm-up runs, static input buffers).
+        """
+        return self._reserved_bytes
+
+    def capture(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool
+    ) -> tuple[CapturedCUDAGraph, Any]:
+        """Record fn(*args) into a new graph in this runtime's pool (steps in the module doc)."""
+        graph = torch.cuda.CUDAGraph()
+        reserved_before = torch.cuda.memory_reserved(self.device)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            output = self._record(graph, fn, args, weak_output)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        grown = torch.cuda.memory_reserved(self.device) - reserved_before
+        self._reserved_bytes += max(grown, 0)
+        return CapturedCUDAGraph(graph, output), output
+
+    def _record(
+        self,
+        graph: torch.cuda.CUDAGraph,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        weak_output: bool,
+    ) -> Any:
+        current = torch.cuda.current_stream(self.device)
+        torch.cuda.synchronize(self.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(pool=self.pool)
+            try:
+                output = fn(*args)
+                if weak_output:
+                    # drop the strong refs inside the capture so the blocks return to the pool
+                    output = weak_ref_tensors(output)
+            except BaseException as exc:
+                _end_failed_capture(graph)
+                if not isinstance(exc, Exception):
+                    raise
+                raise CaptureError(_capture_failure(fn, exc)) from exc
+            try:
+                graph.capture_end()
+            except RuntimeError as exc:
+                raise CaptureError(_capture_failure(fn, exc)) from exc
+        current.wait_stream(self.stream)
+        return output
+
+
+def weak_ref_tensors(value: Any) -> Any:
+    """`value` with each CUDA tensor replaced by a non-owning alias of the same memory.
+
+    The alias does not keep its memory alive: once the owner is gone the allocator may hand the
+    block to another allocation (in a graph pool: to a later capture, whose replays then write
+    it). Safe only for outputs nothing later in the same forward reads. Needs a CUDA build.
+    """
+    return tree_map_only(torch.Tensor, _weak_alias, value)
+
+
+def _weak_alias(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_cuda or t.numel() == 0:
+        return t
+    if not hasattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata"):
+        raise CaptureError(
+            "weak_output needs torch._C._construct_CUDA_Tensor_From_Storage_And_Metadata, which "
+            f"this torch build ({torch.__version__}) lacks; capture with weak_output=False"
+        )
+    storage = t.untyped_storage()
+    alias = torch._C._construct_storage_from_data_pointer(
+        storage.data_ptr(), t.device, storage.nbytes()
+    )
+    metadata = {
+        "dtype": t.dtype,
+        "size": tuple(t.shape),
+        "stride": t.stride(),
+        "storage_offset": t.storage_offset(),
+    }
+    return torch._C._construct_CUDA_Tensor_From_Storage_And_Metadata(metadata, alias)
+
+
+def _end_failed_capture(graph: torch.cuda.CUDAGraph) -> None:
+    """End a capture whose callable raised, so the stream leaves capture mode."""
+    try:
+        graph.capture_end()
+    except RuntimeError as exc:
+        # an invalidated capture cannot end cleanly; leaving capture mode is all we need
+        logger.debug("ending a failed capture raised %s", exc)
+
+
+def _capture_failure(fn: Callable[..., Any], exc: BaseException) -> str:
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    return (
+        f"CUDA graph capture of {name} failed with {type(exc).__name__}: {exc}; ops that "
+        f"synchronize (.item(), .cpu(), data-dependent shapes) or allocate pinned memory cannot "
+        f"be captured"
+    )

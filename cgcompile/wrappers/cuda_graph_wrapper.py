@@ -1,0 +1,221 @@
+"""`CUDAGraphWrapper`: replay a callable from a graph per batch key, capturing on first sight.
+
+A wrapper is bound to one runtime mode (FULL or PIECEWISE) and one `GraphRuntime`. It acts only
+when the forward context's runtime mode is its own; otherwise it calls straight through. That is
+what makes nesting work: a FULL wrapper around the whole model and a PIECEWISE wrapper around
+each piece inside it, only the one whose mode matches captures and replays.
+
+    wrapper = CUDAGraphWrapper(piece, CUDAGraphMode.PIECEWISE, make_graph_runtime("simulated"))
+    with set_forward_context(CUDAGraphMode.PIECEWISE, num_tokens=8): out = wrapper(x[:8])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from cgcompile.config import CUDAGraphMode
+from cgcompile.counters import counters
+from cgcompile.errors import CaptureError, ConfigError
+from cgcompile.forward_context import BatchDescriptor, current_forward_context
+from cgcompile.wrappers.runtime import CapturedGraph, GraphRuntime
+
+logger = logging.getLogger(__name__)
+
+GraphKey = tuple[BatchDescriptor | None, tuple[int, ...]]
+"""(batch descriptor, the call's int args): int args carry the run-time values of symbolic
+sizes, so graphs for different non-batch sizes never mix."""
+
+
+@dataclasses.dataclass
+class GraphEntry:
+    """One captured graph and what its replays rely on."""
+
+    key: GraphKey
+    graph: CapturedGraph
+    output: Any
+    """The capture call's output objects (strong refs, or weak aliases with weak_output)."""
+    input_layout: dict[int, tuple[int, torch.Size]]
+    """Arg position -> (data_ptr, shape) the graph reads, for args not copied in."""
+    static_inputs: tuple[tuple[int, torch.Tensor], ...]
+    """(arg position, buffer owned by the entry) for copy_arg_indices; args are copied in."""
+    capture_seconds: float
+    verified: bool = False
+    """Set once the first replay after capture found the inputs where the graph reads them."""
+
+
+class CUDAGraphWrapper:
+    """Wraps `runnable`; in its runtime mode, replays a graph per key instead of calling it.
+
+    Per call (`__call__`):
+    1. no forward context, or its runtime mode is NONE or another mode: call `runnable`;
+    2. key = (batch descriptor, the int args);
+    3. unseen key: `_warmup` (num_warmups eager calls), `_capture` (copy args at
+       copy_arg_indices into static buffers, record input addresses, record the graph), then
+       `_replay` at once so this call returns computed values. A `CaptureError` is logged at
+       WARNING once per wrapper, counted, and the key runs eagerly from then on;
+    4. known key: on its first replay `_verify` that inputs sit where the graph reads them
+       (raising `CaptureError` otherwise); then `_replay`: copy args into static buffers,
+       replay, return the graph's output objects (overwritten by the next replay).
+    """
+
+    def __init__(
+        self,
+        runnable: Callable[..., Any],
+        runtime_mode: CUDAGraphMode,
+        runtime: GraphRuntime,
+        *,
+        name: str = "graph",
+        num_warmups: int = 1,
+        copy_arg_indices: Sequence[int] = (),
+        weak_output: bool = False,
+    ) -> None:
+        if runtime_mode not in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
+            raise ConfigError(
+                f"CUDAGraphWrapper runtime_mode must be PIECEWISE or FULL, got {runtime_mode}; "
+                f"leave a callable unwrapped to run it without graphs"
+            )
+        if num_warmups < 0:
+            raise ConfigError(f"num_warmups must be >= 0, got {num_warmups}")
+        self.runnable = runnable
+        self.runtime_mode = runtime_mode
+        self.runtime = runtime
+        self.name = name
+        self.num_warmups = num_warmups
+        self.copy_arg_indices = tuple(sorted(set(copy_arg_indices)))
+        self.weak_output = weak_output
+        self.entries: dict[GraphKey, GraphEntry] = {}
+        self.failed_keys: dict[GraphKey, str] = {}
+        """Keys whose capture failed, with the reason; they run eagerly."""
+        self.capture_seconds = 0.0
+        """Total wall time spent in captures (warm-up runs excluded)."""
+        self._int_positions: tuple[int, ...] | None = None
+        self._warned = False
+
+    @property
+    def num_captures(self) -> int:
+        return len(self.entries)
+
+    def captured_keys(self) -> list[GraphKey]:
+        return list(self.entries)
+
+    def __call__(self, *args: Any) -> Any:
+        ctx = current_forward_context()
+        # self.runtime_mode is never NONE, so this also passes NONE through
+        if ctx is None or ctx.cudagraph_runtime_mode is not self.runtime_mode:
+            return self.runnable(*args)
+        key = self._key(ctx.batch_descriptor, args)
+        entry = self.entries.get(key)
+        if entry is None:
+            if key in self.failed_keys:
+                return self.runnable(*args)
+            return self._capture_and_replay(key, args)
+        if not entry.verified:
+            self._verify(entry, args)
+        return self._replay(entry, args)
+
+    def _key(self, descriptor: BatchDescriptor | None, args: tuple[Any, ...]) -> GraphKey:
+        # the runnable's signature is fixed (a compiled graph), so int positions never move
+        if self._int_positions is None:
+            self._int_positions = tuple(i for i, a in enumerate(args) if type(a) is int)
+        return descriptor, tuple([args[i] for i in self._int_positions])
+
+    def _capture_and_replay(self, key: GraphKey, args: tuple[Any, ...]) -> Any:
+        self._warmup(args)
+        try:
+            entry = self._capture(key, args)
+        except CaptureError as exc:
+            return self._fall_back(key, args, str(exc))
+        return self._replay(entry, args)
+
+    def _warmup(self, args: tuple[Any, ...]) -> None:
+        """Eager runs before capture: allocator growth, autotuning and lazy init happen here."""
+        for _ in range(self.num_warmups):
+            self.runnable(*args)
+
+    def _capture(self, key: GraphKey, args: tuple[Any, ...]) -> GraphEntry:
+        """Record the graph for `key`, reading copied args from buffers the entry owns."""
+        static = self._static_buffers(args)
+        capture_args = tuple(static.get(i, a) for i, a in enumerate(args))
+        layout = {
+            i: (a.data_ptr(), a.shape)
+            for i, a in enumerate(args)
+            if isinstance(a, torch.Tensor) and i not in static
+        }
+        start = time.perf_counter()
+        graph, output = self.runtime.capture(
+            self.runnable, capture_args, weak_output=self.weak_output
+        )
+        seconds = time.perf_counter() - start
+        counters.num_cudagraph_captured += 1
+        self.capture_seconds += seconds
+        entry = GraphEntry(key, graph, output, layout, tuple(static.items()), seconds)
+        self.entries[key] = entry
+        logger.debug("%s: captured %s graph for %s in %.3f s", self.name, self.runtime.name, key, seconds)
+        return entry
+
+    def _static_buffers(self, args: tuple[Any, ...]) -> dict[int, torch.Tensor]:
+        static = {}
+        for i in self.copy_arg_indices:
+            if i >= len(args) or not isinstance(args[i], torch.Tensor):
+                got = type(args[i]).__name__ if i < len(args) else f"only {len(args)} args"
+                raise ConfigError(
+                    f"{self.name}: copy_arg_indices names arg {i}, which must be a tensor, got "
+                    f"{got}; list only positions of tensor args"
+                )
+            static[i] = args[i].detach().clone()
+        return static
+
+    def _verify(self, entry: GraphEntry, args: tuple[Any, ...]) -> None:
+        """First replay of a key: every arg the graph reads in place must be where it was."""
+        for i, (address, shape) in entry.input_layout.items():
+            arg = args[i]
+            # an empty tensor has no data to read, so its address may change freely
+            if arg.shape != shape or (arg.numel() > 0 and arg.data_ptr() != address):
+                raise CaptureError(
+                    f"{self.name}: tensor arg {i} for key {entry.key} is at address "
+                    f"{arg.data_ptr():#x} with shape {tuple(arg.shape)}, but the graph was "
+                    f"captured reading address {address:#x} with shape {tuple(shape)}, so "
+                    f"replay would read stale memory; keep inputs at fixed addresses (e.g. "
+                    f"slices of persistent buffers) or let automatic dispatch copy them in "
+                    f"(copy_arg_indices)"
+                )
+        for i, buffer in entry.static_inputs:
+            if args[i].shape != buffer.shape:
+                raise CaptureError(
+                    f"{self.name}: copied arg {i} for key {entry.key} has shape "
+                    f"{tuple(args[i].shape)}, but its static buffer has shape "
+                    f"{tuple(buffer.shape)}; pass the int sizes as args so each size gets a key"
+                )
+        entry.verified = True
+
+    def _replay(self, entry: GraphEntry, args: tuple[Any, ...]) -> Any:
+        """Copy args into static buffers, replay; the output is overwritten by the next replay."""
+        for i, buffer in entry.static_inputs:
+            arg = args[i]
+            if arg is not buffer:
+                buffer.copy_(arg)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("%s: replay %s", self.name, entry.key)
+        return entry.graph.replay()
+
+    def _fall_back(self, key: GraphKey, args: tuple[Any, ...], reason: str) -> Any:
+        """A failed capture: count it, warn once per wrapper, run this key eagerly for good."""
+        counters.num_capture_failures += 1
+        self.failed_keys[key] = reason
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "%s: CUDA graph capture failed for %s; running it eagerly from now on: %s",
+                self.name,
+                key,
+                reason,
+            )
+        else:
+            logger.debug("%s: capture failed for %s: %s", self.name, key, reason)
+        return self.runnable(*args)

@@ -1,0 +1,116 @@
+"""A CPU stand-in for CUDA graphs with their memory semantics, for tests without a GPU.
+
+`SimulatedGraphRuntime.capture(fn, args)` runs `fn(*args)` once, keeps the `args` objects (the
+captured inputs) and the output tensors, undoes any in-place writes the call made to tensor
+args, and poisons the outputs, because a real capture computes nothing. `SimulatedGraph.replay`
+re-runs `fn` on the *captured* args and copies the results into the captured output tensors in
+place, returning the captured output object. Hence, as on a GPU:
+
+- feeding a wrapper a new tensor that is not copied into the captured one gives stale results;
+- outputs alias across replays: replay 2 overwrites the tensors replay 1 returned;
+- the capture call's outputs hold poison (`poison_value`), never results.
+
+What it cannot imitate: replay runs Python. Side effects outside tensor math happen on every
+replay (a counter inside an eager op of a simulated FULL graph moves; on a GPU it would not), and
+writes to state not passed as an arg (closures, globals) also happen at capture. Outputs that
+share storage with a tensor arg are not poisoned: on a GPU they show that arg's real data.
+
+    runtime = SimulatedGraphRuntime()
+    graph, out = runtime.capture(torch.sin, (x,), weak_output=False)  # out is NaN; replay fills it
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+
+def poison_value(dtype: torch.dtype) -> float | int | bool | None:
+    """The fill that marks "not computed": NaN for floating and complex, the integer extreme
+    farthest from 0 (`iinfo.min` signed, `iinfo.max` unsigned), True for bool (an all-False
+    mask, the usual default, must not pass for a result). None for dtypes without a fill."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    try:
+        info = torch.iinfo(dtype)
+    except TypeError:
+        return None
+    return info.min if dtype.is_signed else info.max
+
+
+class SimulatedGraph:
+    """A recorded callable: replay re-runs it on the captured args, writes into the outputs."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], output: Any) -> None:
+        self.fn = fn
+        self.args = args
+        self.output = output
+        self._targets = _tensor_leaves(output)
+
+    def replay(self) -> Any:
+        fresh = _tensor_leaves(self.fn(*self.args))
+        with torch.no_grad():
+            for target, result in zip(self._targets, fresh, strict=True):
+                if target is not result:
+                    target.copy_(result)
+        return self.output
+
+
+class SimulatedGraphRuntime:
+    """The "simulated" `GraphRuntime`: CUDA-graph memory semantics on any device.
+
+    Capture steps: snapshot the tensor args; run fn(*args); restore the args it wrote in place;
+    poison the outputs that do not share storage with an arg. `weak_output` changes nothing here
+    (there is no pool to give memory back to); outputs are always held strongly.
+    """
+
+    name = "simulated"
+
+    def capture(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool
+    ) -> tuple[SimulatedGraph, Any]:
+        output = _run_without_arg_writes(fn, args)
+        arg_storages = {
+            a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)
+        }
+        with torch.no_grad():
+            for t in _tensor_leaves(output):
+                value = poison_value(t.dtype)
+                if value is not None and t.untyped_storage().data_ptr() not in arg_storages:
+                    t.fill_(value)
+        return SimulatedGraph(fn, args, output), output
+
+    def memory_bytes(self) -> int:
+        """Always 0: simulated graphs own no device memory beyond their output tensors."""
+        return 0
+
+
+def _run_without_arg_writes(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """fn(*args), then the tensor args it wrote in place get their old contents back.
+
+    A real capture records kernels without running them, so it writes nothing; without this an
+    in-place update of an arg would happen once more in simulation than on a GPU.
+    """
+    saved = [
+        (a, None if a.is_inference() else a._version, a.clone())
+        for a in args
+        if isinstance(a, torch.Tensor)
+    ]
+    output = fn(*args)
+    with torch.no_grad():
+        for arg, version, before in saved:
+            # inference tensors have no version counter: compare contents instead
+            written = arg._version != version if version is not None else not arg.equal(before)
+            if written:
+                arg.copy_(before)
+    return output
+
+
+def _tensor_leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors in a tensor / tuple / list / dict output, in a fixed order; others skipped."""
+    return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
