@@ -115,7 +115,9 @@ class CompiledGraph:
             self._warned.add(kind)
             logger.warning(
                 "graph %d runs a batch without CUDA graphs (%s); counted in num_eager_fallbacks, "
-                "warned once", self._report.graph_id, why,
+                "warned once",
+                self._report.graph_id,
+                why,
             )
 
     @property

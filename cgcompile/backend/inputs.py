@@ -91,7 +91,10 @@ def _output_values(gm: fx.GraphModule) -> list[Any]:
     flat = output.args[0]
     if not isinstance(flat, (tuple, list)):
         flat = [flat]
-    return [a.meta.get("example_value", a.meta.get("val")) if isinstance(a, fx.Node) else a for a in flat]
+    return [
+        a.meta.get("example_value", a.meta.get("val")) if isinstance(a, fx.Node) else a
+        for a in flat
+    ]
 
 
 class StaticInputs:

@@ -25,7 +25,6 @@ import torch
 from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
 
-from cgcompile.counters import counters
 from cgcompile.passes.split import SplitResult, graph_signature
 
 logger = logging.getLogger(__name__)
@@ -57,12 +56,26 @@ def compile_one(gm: fx.GraphModule, args: Sequence[Any], compiler: str) -> Compi
     return compile_fx(gm, list(args))
 
 
+def _returns_tuple(gm: fx.GraphModule) -> bool:
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return isinstance(output.args[0], (tuple, list))
+
+
 def _compile_for_size(
-    gm: fx.GraphModule, args: Sequence[Any], size: int, batch_exprs: frozenset[Any]
+    gm: fx.GraphModule,
+    args: Sequence[Any],
+    size: int,
+    batch_exprs: frozenset[Any],
+    returns_tuple: bool,
 ) -> Compiled:
     """Inductor artifact for real example inputs with the batch fixed to `size`."""
     concrete = [_concretize(a, size, batch_exprs) for a in args]
-    return torch._inductor.standalone_compile(gm, concrete, dynamic_shapes="from_example_inputs")
+    artifact = torch._inductor.standalone_compile(
+        gm, concrete, dynamic_shapes="from_example_inputs"
+    )
+    if returns_tuple:
+        return artifact
+    return lambda *a: artifact(*a)[0]  # the artifact always returns a sequence
 
 
 def _concretize(arg: Any, size: int, batch_exprs: frozenset[Any]) -> Any:
@@ -90,12 +103,13 @@ class _Interpreter(fx.Interpreter):
         self.compiler = compiler
         self.cache: dict[Any, tuple[str, Compiled]] = {}
         self.runners: dict[str, PieceRunner] = {}
-        self.piece_args: dict[str, list[Any]] = {}
+        self.piece_args: dict[str, tuple[list[Any], bool]] = {}
 
     def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
         out = super().call_module(target, args, kwargs)
         if target in self.capturable:
-            self.piece_args[target] = list(args)
+            # Inductor rewrites a bare output into a tuple in place: remember the original.
+            self.piece_args[target] = (list(args), _returns_tuple(self.fetch_attr(target)))
             self.runners[target] = self._compile(target, list(args))
         return out
 
@@ -107,7 +121,6 @@ class _Interpreter(fx.Interpreter):
             return PieceRunner(compiled, shares_compile_with=owner)
         start = time.perf_counter()
         compiled = compile_one(gm, args, self.compiler)
-        counters.num_backend_compilations += 1
         logger.debug(
             "compiled %s with %s in %.2fs", name, self.compiler, time.perf_counter() - start
         )
@@ -133,13 +146,9 @@ def compile_pieces(
         interpreter.run(*fake_args)
     if compile_sizes and compiler == "inductor":
         for name, runner in interpreter.runners.items():
-            _specialize(
-                runner,
-                split.split_gm.get_submodule(name),
-                interpreter.piece_args[name],
-                compile_sizes,
-                batch_exprs,
-            )
+            args, returns_tuple = interpreter.piece_args[name]
+            gm = split.split_gm.get_submodule(name)
+            _specialize(runner, gm, args, returns_tuple, compile_sizes, batch_exprs)
     return interpreter.runners
 
 
@@ -147,6 +156,7 @@ def _specialize(
     runner: PieceRunner,
     gm: fx.GraphModule,
     args: list[Any],
+    returns_tuple: bool,
     sizes: Sequence[int],
     batch_exprs: frozenset[Any],
 ) -> None:
@@ -163,8 +173,7 @@ def _specialize(
         return
     runner.size_index = index
     for size in sizes:
-        runner.by_size[size] = _compile_for_size(gm, args, size, batch_exprs)
-        counters.num_backend_compilations += 1
+        runner.by_size[size] = _compile_for_size(gm, args, size, batch_exprs, returns_tuple)
 
 
 def _dedupe_key(gm: fx.GraphModule, compiler: str) -> Any:
@@ -172,3 +181,8 @@ def _dedupe_key(gm: fx.GraphModule, compiler: str) -> Any:
     if any(n.op == "get_attr" for n in gm.graph.nodes):
         return None
     return (compiler, graph_signature(gm))
+
+
+def count_compilations(runners: dict[str, PieceRunner]) -> int:
+    """Compiler invocations behind these runners: shared artifacts count once."""
+    return sum((r.shares_compile_with is None) + len(r.by_size) for r in runners.values())

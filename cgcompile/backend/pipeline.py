@@ -24,7 +24,7 @@ from torch import fx
 from cgcompile.attention import attention_ops, find_attention, is_split_at
 from cgcompile.backend.compiled_graph import CompiledGraph
 from cgcompile.backend.inputs import InputPlan
-from cgcompile.backend.piece_compiler import PieceRunner, compile_pieces
+from cgcompile.backend.piece_compiler import PieceRunner, compile_pieces, count_compilations
 from cgcompile.backend.report import GraphReport, PieceInfo
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.counters import counters
@@ -47,9 +47,9 @@ def compile_graph(
     matcher = OpMatcher(attention_ops() if config.splitting_ops is None else config.splitting_ops)
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     attention = find_attention(targets)
-    support = config.attention_cg_support or min(
-        attention.values(), default=AttentionCGSupport.ALWAYS
-    )
+    support = config.attention_cg_support
+    if support is None:  # NEVER is 0: test for None, not truthiness
+        support = min(attention.values(), default=AttentionCGSupport.ALWAYS)
     plan = InputPlan.from_graph(gm, example_inputs)
     runtime_kind, device = _choose_runtime(config, example_inputs)
     resolution = resolve_cudagraph_mode(
@@ -71,8 +71,12 @@ def compile_graph(
     runnable: Any = split.split_gm
     if mode.has_full_cudagraphs():
         runnable = CUDAGraphWrapper(
-            split.split_gm, CUDAGraphMode.FULL, runtime, name=f"graph{graph_id}.full",
-            num_warmups=config.num_warmups, weak_output=True,
+            split.split_gm,
+            CUDAGraphMode.FULL,
+            runtime,
+            name=f"graph{graph_id}.full",
+            num_warmups=config.num_warmups,
+            weak_output=True,
         )
         wrappers.insert(0, runnable)
     dispatcher = CudagraphDispatcher(config, resolution.capture_sizes)
@@ -124,8 +128,12 @@ def _install_pieces(
         piece: Any = runners[item.name]
         if mode.has_piecewise_cudagraphs():
             piece = CUDAGraphWrapper(
-                piece, CUDAGraphMode.PIECEWISE, runtime, name=f"graph{graph_id}.{item.name}",
-                num_warmups=config.num_warmups, copy_arg_indices=item.fresh_arg_indices,
+                piece,
+                CUDAGraphMode.PIECEWISE,
+                runtime,
+                name=f"graph{graph_id}.{item.name}",
+                num_warmups=config.num_warmups,
+                copy_arg_indices=item.fresh_arg_indices,
                 weak_output=item.name == last,
             )
             wrappers.append(piece)
@@ -138,6 +146,7 @@ def _count(split: SplitResult, runners: dict[str, PieceRunner]) -> None:
     counters.num_graphs_seen += 1
     counters.num_piecewise_graphs_seen += len(split.items)
     counters.num_piecewise_capturable_graphs_seen += len(split.capturable)
+    counters.num_backend_compilations += count_compilations(runners)
 
 
 def _report(
@@ -181,5 +190,9 @@ def _log_resolution(
         logger.warning("graph %d: cudagraph mode %s", graph_id, reason)
     logger.info(
         "graph %d: mode %s, %d pieces (%d capturable), attention %s",
-        graph_id, resolution.mode, len(split.items), len(split.capturable), attention or "none",
+        graph_id,
+        resolution.mode,
+        len(split.items),
+        len(split.capturable),
+        attention or "none",
     )

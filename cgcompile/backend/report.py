@@ -1,7 +1,7 @@
 """What the backend did for one graph, kept for inspection: `cgcompile.compiled_graphs()`.
 
-    for g in cgcompile.compiled_graphs():
-        print(g.format_report())
+for g in cgcompile.compiled_graphs():
+    print(g.format_report())
 """
 
 from __future__ import annotations

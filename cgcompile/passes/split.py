@@ -5,13 +5,13 @@ ops becomes one *splitting* piece, run eagerly; the nodes between runs become *c
 pieces, which the backend compiles and replays from CUDA graphs. Before and after, for
 `x + 1 -> silly::attention -> x - 1` (`s0` is the symbolic batch size):
 
-    before                                   after: split_gm
-    %add = add(%x, 1)                        %submod_0 = submod_0(%x, %s0)     # add, empty_like
-    %out = empty_like(%add)                  %getitem = getitem(%submod_0, 0)
-    %attn = silly.attention(%add, ..., %out) %getitem_1 = getitem(%submod_0, 1)
-    %sub = sub(%out, 1)                      %submod_1 = submod_1(%getitem, %s0, %getitem_1)
-    return (%sub,)                           %submod_2 = submod_2(%getitem_1, %s0)  # sub
-                                             return (%submod_2,)
+    before: gm                                 after: split_gm
+    %add = add(%x, 1)                          %submod_0 = submod_0(%x, %s0)     # add, empty_like
+    %out = empty_like(%add)                    %add = getitem(%submod_0, 0)
+    %attention = silly.attention(%add, %add,   %out = getitem(%submod_0, 1)
+                                 %add, %out)   %submod_1 = submod_1(%add, %s0, %out)  # attention
+    %sub = sub(%out, 1)                        %submod_2 = submod_2(%out, %s0)   # sub
+    return (%sub,)                             return (%submod_2,)
 
 Rules: `getitem` nodes stay in their producer's piece, so tuples never cross a boundary; every
 `x.size()` (and `torch.Size([...])`) is first rewritten into per-dim `aten.sym_size.int` nodes
@@ -90,14 +90,11 @@ def split_graph(gm: fx.GraphModule, matcher: OpMatcher) -> SplitResult:
         gm, None, piece_of.__getitem__, keep_original_order=True, keep_original_node_name=True
     )
     calls = [node for node in split_gm.graph.nodes if node.op == "call_module"]
-    splitting = {node.target for node in calls if _has_match(split_gm, node.target, matcher)}
-    items = [_make_item(split_gm, i, node, splitting, matcher) for i, node in enumerate(calls)]
-    logger.debug(
-        "split into %d pieces (%d splitting): %s",
-        len(items),
-        len(splitting),
-        [item.ops or item.name for item in items],
-    )
+    items: list[SplitItem] = []
+    for index, call in enumerate(calls):
+        # producers run before their consumers, so `items` already holds every producer
+        items.append(_make_item(split_gm, index, call, items, matcher))
+    logger.debug("split into %d pieces: %s", len(items), [i.ops or i.name for i in items])
     return SplitResult(split_gm, items)
 
 
@@ -110,26 +107,35 @@ def decompose_sizes(gm: fx.GraphModule) -> None:
     """
     graph = gm.graph
     for node in list(graph.nodes):
+        dims = None
         if _is_full_size(node):
             dims = _size_dims(graph, node)
-        elif node.op == "call_function" and node.target is torch.Size and len(node.args) == 1:
+        elif _is_size_literal(node):
             dims = tuple(node.args[0])
-        else:
-            continue
-        if dims is None:
-            continue
-        for user in list(node.users):
-            if user.op != "output":
-                user.args = map_aggregate(user.args, lambda a, n=node: dims if a is n else a)
-                user.kwargs = map_aggregate(user.kwargs, lambda a, n=node: dims if a is n else a)
-        if not node.users:
-            graph.erase_node(node)
+        if dims is not None:
+            _replace_uses(node, dims)
     gm.recompile()
+
+
+def _replace_uses(node: fx.Node, value: tuple[fx.Node | int, ...]) -> None:
+    """Put `value` in place of `node` in the args of its users but the output; drop it if unused."""
+    for user in list(node.users):
+        if user.op != "output":
+            user.args = map_aggregate(user.args, lambda a: value if a is node else a)
+            user.kwargs = map_aggregate(user.kwargs, lambda a: value if a is node else a)
+    if not node.users:
+        node.graph.erase_node(node)
 
 
 def _is_full_size(node: fx.Node) -> bool:
     """`x.size()` without a dim; `x.size(dim)` gives an int or SymInt, fine across a boundary."""
     return node.op == "call_method" and node.target == "size" and len(node.args) == 1
+
+
+def _is_size_literal(node: fx.Node) -> bool:
+    """`torch.Size([s0, 4])`, which Dynamo emits for slices of a size."""
+    is_call = node.op == "call_function" and node.target is torch.Size and len(node.args) == 1
+    return is_call and isinstance(node.args[0], (list, tuple))
 
 
 def _size_dims(graph: fx.Graph, node: fx.Node) -> tuple[fx.Node | int, ...] | None:
@@ -171,22 +177,20 @@ def _is_getitem(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target is operator.getitem
 
 
-def _has_match(split_gm: fx.GraphModule, name: str, matcher: OpMatcher) -> bool:
-    return any(matcher.matches(node) for node in getattr(split_gm, name).graph.nodes)
-
-
 def _make_item(
-    split_gm: fx.GraphModule, index: int, call: fx.Node, splitting: set[str], matcher: OpMatcher
+    split_gm: fx.GraphModule, index: int, call: fx.Node, done: list[SplitItem], matcher: OpMatcher
 ) -> SplitItem:
     name = str(call.target)
     piece = getattr(split_gm, name)
-    is_splitting = name in splitting
     ops = tuple(describe(n.target) for n in piece.graph.nodes if matcher.matches(n))
-    fresh = () if is_splitting else _fresh_arg_indices(call, piece, splitting)
-    return SplitItem(name, index, is_splitting, piece, ops, fresh)
+    splitting = {item.name for item in done if item.is_splitting}
+    fresh = () if ops else _fresh_arg_indices(call, piece, splitting)
+    return SplitItem(name, index, bool(ops), piece, ops, fresh)
 
 
-def _fresh_arg_indices(call: fx.Node, piece: fx.GraphModule, splitting: set[str]) -> tuple[int, ...]:
+def _fresh_arg_indices(
+    call: fx.Node, piece: fx.GraphModule, splitting: set[str]
+) -> tuple[int, ...]:
     """Positions of `call`'s args that a splitting piece returned (directly or via getitem)."""
     placeholders = [n for n in piece.graph.nodes if n.op == "placeholder"]
     fresh = []

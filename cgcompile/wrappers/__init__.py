@@ -1,5 +1,7 @@
 """CUDA-graph wrappers and the graph runtimes they capture with (real CUDA or simulated).
 
+The backend makes one runtime per compiled model and wraps each piece (and the whole graph):
+
     runtime = make_graph_runtime("cuda")          # one per compiled model: one shared pool
     piece = CUDAGraphWrapper(compiled_piece, CUDAGraphMode.PIECEWISE, runtime, name="piece_0")
 """

@@ -156,7 +156,9 @@ class CUDAGraphWrapper:
         self.capture_seconds += seconds
         entry = GraphEntry(key, graph, output, layout, tuple(static.items()), seconds)
         self.entries[key] = entry
-        logger.debug("%s: captured %s graph for %s in %.3f s", self.name, self.runtime.name, key, seconds)
+        logger.debug(
+            "%s: captured %s graph for %s in %.3f s", self.name, self.runtime.name, key, seconds
+        )
         return entry
 
     def _static_buffers(self, args: tuple[Any, ...]) -> dict[int, torch.Tensor]:

@@ -75,9 +75,7 @@ class SimulatedGraphRuntime:
         self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool
     ) -> tuple[SimulatedGraph, Any]:
         output = _run_without_arg_writes(fn, args)
-        arg_storages = {
-            a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)
-        }
+        arg_storages = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
         with torch.no_grad():
             for t in _tensor_leaves(output):
                 value = poison_value(t.dtype)

@@ -32,3 +32,14 @@ def attention_fresh(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 @attention_fresh.register_fake
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(q)
+
+
+def register_as_attention(support: str = "ALWAYS") -> None:
+    """Declare both silly ops as attention (default splitting ops) with the given support."""
+    import cgcompile
+
+    cgcompile.register_attention_op("silly::attention", cudagraph_support=support)
+    cgcompile.register_attention_op("silly::attention_fresh", cudagraph_support=support)
+
+
+register_as_attention()

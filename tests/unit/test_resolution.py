@@ -6,7 +6,7 @@ from itertools import pairwise
 from typing import NamedTuple
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cgcompile.config import AttentionCGSupport, CUDAGraphMode
@@ -23,8 +23,11 @@ NEVER = AttentionCGSupport.NEVER
 SINGLE = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 UNIFORM = AttentionCGSupport.UNIFORM_BATCH
 ALWAYS = AttentionCGSupport.ALWAYS
-SPEC = Rule.SPEC_DECODE_NEEDS_UNIFORM_BATCH
-FULL_RULE = Rule.FULL_NEEDS_ALWAYS
+
+R_FULL = Rule.FULL_NEEDS_ALWAYS
+R_DECODE = Rule.DECODE_NEEDS_SUPPORT
+R_SPEC = Rule.SPEC_DECODE_NEEDS_UNIFORM_BATCH
+R_SPLIT = Rule.NOTHING_SPLIT
 
 
 class Row(NamedTuple):
@@ -41,25 +44,22 @@ class Row(NamedTuple):
 ROWS = [
     Row("none-stays-none", NONE, NEVER, False, False, 2, NONE, ()),
     Row("full-with-always-stays-full", FULL, ALWAYS, True, True, 1, FULL, ()),
-    Row("full-needs-always/split", FULL, UNIFORM, True, True, 1, FAP, (Rule.FULL_NEEDS_ALWAYS,)),
-    Row("full-needs-always/unsplit", FULL, SINGLE, False, True, 1, FDO, (Rule.FULL_NEEDS_ALWAYS,)),
-    Row(
-        "decode-never/fdo-split", FDO, NEVER, True, True, 1, PIECEWISE, (Rule.DECODE_NEEDS_SUPPORT,)
-    ),
-    Row("decode-never/fdo-unsplit", FDO, NEVER, False, True, 1, NONE, (Rule.DECODE_NEEDS_SUPPORT,)),
-    Row(
-        "decode-never/fap-split", FAP, NEVER, True, True, 1, PIECEWISE, (Rule.DECODE_NEEDS_SUPPORT,)
-    ),
-    Row("decode-never/fap-unsplit", FAP, NEVER, False, True, 1, NONE, (Rule.DECODE_NEEDS_SUPPORT,)),
-    Row("spec-decode/fdo-split", FDO, SINGLE, True, True, 2, PIECEWISE, (SPEC,)),
-    Row("spec-decode/fap-unsplit", FAP, SINGLE, False, True, 3, NONE, (SPEC,)),
-    Row("spec-decode/full-via-fap", FULL, SINGLE, True, True, 2, PIECEWISE, (FULL_RULE, SPEC)),
+    Row("full-needs-always/split", FULL, UNIFORM, True, True, 1, FAP, (R_FULL,)),
+    Row("full-needs-always/unsplit", FULL, SINGLE, False, True, 1, FDO, (R_FULL,)),
+    Row("decode-never/fdo-split", FDO, NEVER, True, True, 1, PIECEWISE, (R_DECODE,)),
+    Row("decode-never/fdo-unsplit", FDO, NEVER, False, True, 1, NONE, (R_DECODE,)),
+    Row("decode-never/fap-split", FAP, NEVER, True, True, 1, PIECEWISE, (R_DECODE,)),
+    Row("decode-never/fap-unsplit", FAP, NEVER, False, True, 1, NONE, (R_DECODE,)),
+    Row("spec-decode/fdo-split", FDO, SINGLE, True, True, 2, PIECEWISE, (R_SPEC,)),
+    Row("spec-decode/fap-unsplit", FAP, SINGLE, False, True, 3, NONE, (R_SPEC,)),
+    Row("spec-decode/full-via-fap", FULL, SINGLE, True, True, 2, PIECEWISE, (R_FULL, R_SPEC)),
     Row("spec-decode/uniform-batch-keeps-fdo", FDO, UNIFORM, False, True, 4, FDO, ()),
-    Row("nothing-split/piecewise", PIECEWISE, ALWAYS, False, False, 1, NONE, (Rule.NOTHING_SPLIT,)),
-    Row("nothing-split/fap-always", FAP, ALWAYS, False, False, 1, FULL, (Rule.NOTHING_SPLIT,)),
-    Row("nothing-split/fap-uniform", FAP, UNIFORM, False, False, 1, FDO, (Rule.NOTHING_SPLIT,)),
-    Row("nothing-split/fap-single", FAP, SINGLE, False, False, 1, FDO, (Rule.NOTHING_SPLIT,)),
+    Row("nothing-split/piecewise", PIECEWISE, ALWAYS, False, False, 1, NONE, (R_SPLIT,)),
+    Row("nothing-split/fap-always", FAP, ALWAYS, False, False, 1, FULL, (R_SPLIT,)),
+    Row("nothing-split/fap-uniform", FAP, UNIFORM, False, False, 1, FDO, (R_SPLIT,)),
+    Row("nothing-split/fap-single", FAP, SINGLE, False, False, 1, FDO, (R_SPLIT,)),
     Row("nothing-split/fdo-unaffected", FDO, SINGLE, False, False, 1, FDO, ()),
+    Row("nothing-split/full-via-fap", FULL, UNIFORM, True, False, 1, FDO, (R_FULL, R_SPLIT)),
 ]
 
 
@@ -130,6 +130,8 @@ def test_downgrade_cause_names_the_support_level() -> None:
 
 # ---- invariants over all modes x supports x splits x piecewise_available x q --------------
 
+# 5 modes x 4 supports x 2 x 2 x 4 q = 320 inputs: enough examples to try them all
+exhaustive = settings(max_examples=500)
 inputs = st.tuples(
     st.sampled_from(list(CUDAGraphMode)),
     st.sampled_from(list(AttentionCGSupport)),
@@ -156,12 +158,14 @@ def _resolve(args: tuple) -> Resolution | None:
         return None
 
 
+@exhaustive
 @given(inputs)
 def test_never_raises_except_full_with_never(args: tuple) -> None:
     mode, support = args[:2]
     assert (_resolve(args) is None) == ((mode, support) == (FULL, NEVER))
 
 
+@exhaustive
 @given(inputs)
 def test_result_needs_no_more_support_than_given(args: tuple) -> None:
     res = _resolve(args)
@@ -170,6 +174,7 @@ def test_result_needs_no_more_support_than_given(args: tuple) -> None:
         assert res.mode.min_attention_support(q) <= support
 
 
+@exhaustive
 @given(inputs)
 def test_result_needs_no_piecewise_when_nothing_split(args: tuple) -> None:
     res = _resolve(args)
@@ -178,6 +183,7 @@ def test_result_needs_no_piecewise_when_nothing_split(args: tuple) -> None:
         assert not res.mode.requires_piecewise_compilation()
 
 
+@exhaustive
 @given(inputs)
 def test_reasons_chain_from_requested_to_result(args: tuple) -> None:
     res = _resolve(args)

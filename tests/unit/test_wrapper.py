@@ -36,7 +36,9 @@ class Affine:
         return x * 2 + 1
 
 
-def wrap(fn: Callable[..., Any], mode: CUDAGraphMode = PIECEWISE, **kwargs: Any) -> CUDAGraphWrapper:
+def wrap(
+    fn: Callable[..., Any], mode: CUDAGraphMode = PIECEWISE, **kwargs: Any
+) -> CUDAGraphWrapper:
     return CUDAGraphWrapper(fn, mode, make_graph_runtime("simulated"), name="toy", **kwargs)
 
 

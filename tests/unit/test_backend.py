@@ -1,0 +1,269 @@
+"""End-to-end: `torch.compile(..., backend="cudagraph_modes")` on the simulated graph runtime."""
+
+from __future__ import annotations
+
+import logging
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import cgcompile
+from cgcompile import CaptureError, CUDAGraphMode, counters
+from tests.support import silly
+from tests.unit.models import SeqModel, fresh_model, silly_closed_form, silly_model
+
+MODES = [m.name for m in CUDAGraphMode]
+SIM = {"graph_runtime": "simulated"}
+
+
+def compile_fn(fn, **options):
+    return torch.compile(fn, backend="cudagraph_modes", options={**SIM, **options})
+
+
+def dyn(*tensors):
+    cgcompile.mark_dynamic_batch(*tensors)
+    return tensors if len(tensors) > 1 else tensors[0]
+
+
+def the_graph() -> cgcompile.CompiledGraph:
+    (graph,) = [g for g in cgcompile.compiled_graphs() if g.report.graph_id >= _first_id]
+    return graph
+
+
+_first_id = 0
+
+
+@pytest.fixture(autouse=True)
+def _only_new_graphs():
+    global _first_id
+    _first_id = max((g.report.graph_id + 1 for g in cgcompile.compiled_graphs()), default=0)
+
+
+def test_backend_by_name_without_import():
+    code = textwrap.dedent(
+        """
+        import sys, torch
+        f = torch.compile(lambda x: x * 2, backend="cudagraph_modes",
+                          options={"cudagraph_mode": "piecewise", "graph_runtime": "simulated"})
+        out = f(torch.ones(3))
+        import cgcompile
+        print(out.tolist(), cgcompile.compiled_graphs()[0].report.requested_mode)
+        """
+    )
+    assert "cgcompile" not in code.split("import cgcompile")[0]
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[-4:] == ["[2.0,", "2.0,", "2.0]", "PIECEWISE"]
+
+
+def test_bad_option_reaches_config_error():
+    f = torch.compile(lambda x: x + 1, backend="cudagraph_modes", options={"cuda_graph_mode": 1})
+    with pytest.raises(Exception, match=r"unknown option\(s\) \['cuda_graph_mode'\]"):
+        f(torch.ones(2))
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_silly_piecewise_counters(compiler):
+    f = compile_fn(silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2],
+                   compiler=compiler)
+    with counters.expect(
+        num_graphs_seen=1,
+        num_piecewise_graphs_seen=5,  # 2N+1, N=2 attention calls
+        num_piecewise_capturable_graphs_seen=3,  # N+1
+        num_backend_compilations=3,
+        num_cudagraph_captured=6,  # 2 sizes x 3 pieces
+    ):
+        x2 = dyn(torch.randn(2))
+        torch.testing.assert_close(f(x2), silly_closed_form(x2))
+        x1 = dyn(torch.randn(1))
+        torch.testing.assert_close(f(x1), silly_closed_form(x1))
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_silly_replay_runs_attention_between_pieces(compiler):
+    f = compile_fn(silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2],
+                   compiler=compiler)
+    f(dyn(torch.randn(2)))
+    silly.CALLS["n"] = 0
+    with counters.expect(num_cudagraph_captured=0):
+        out = f(dyn(torch.zeros(2)))
+    assert out.tolist() == [19.0, 19.0]
+    assert silly.CALLS["n"] == 2
+
+
+def _nested(mode: CUDAGraphMode):
+    f = compile_fn(silly_model, cudagraph_mode="FULL_AND_PIECEWISE", cudagraph_capture_sizes=[2],
+                   compiler="eager")
+    x = dyn(torch.randn(2))
+    f(x)  # compile; FULL_AND_PIECEWISE without a hint captured the PIECEWISE key of size 2
+    graph = the_graph()
+    full, pieces = graph.wrappers[0], graph.wrappers[1:]
+    for w in graph.wrappers:
+        w.entries.clear()
+    desc = cgcompile.BatchDescriptor(2, 2, uniform=True)
+    with cgcompile.set_forward_context(mode, desc if mode != CUDAGraphMode.NONE else None):
+        out = f(x)
+        out = f(x)
+    torch.testing.assert_close(out, silly_closed_form(x))
+    return full, pieces
+
+
+def test_nested_full_mode_captures_only_outer():
+    full, pieces = _nested(CUDAGraphMode.FULL)
+    assert full.num_captures == 1
+    assert all(p.num_captures == 0 for p in pieces)
+
+
+def test_nested_piecewise_mode_captures_only_inner():
+    full, pieces = _nested(CUDAGraphMode.PIECEWISE)
+    assert full.num_captures == 0
+    assert [p.num_captures for p in pieces] == [1, 1, 1]
+
+
+def test_nested_none_mode_captures_nothing():
+    full, pieces = _nested(CUDAGraphMode.NONE)
+    assert full.num_captures == 0 and all(p.num_captures == 0 for p in pieces)
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+@pytest.mark.parametrize("mode", MODES)
+def test_differential_llama_matches_eager(mode, compiler):
+    from examples.llama import Llama, LlamaConfig, make_inputs
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.tiny()).eval()
+    f = torch.compile(model, backend="cudagraph_modes", options={
+        **SIM, "cudagraph_mode": mode, "compiler": compiler, "cudagraph_capture_sizes": [1, 2, 4, 8]
+    })
+    rng = random.Random(f"{mode}-{compiler}")
+    sizes = [8, 1] + [rng.choice([1, 2, 3, 4, 5, 7, 8, 9, 13]) for _ in range(8)]
+    torch._dynamo.utils.counters.clear()
+    for n in sizes:
+        tokens, positions = dyn(*make_inputs(model.cfg, n, "cpu"))
+        with cgcompile.batch_hint(uniform_decode=rng.random() < 0.5), torch.no_grad():
+            got = f(tokens, positions)
+            want = model(tokens, positions)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"n={n}")
+    assert counters.num_graphs_seen == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_fresh_attention_output_is_copied_in_every_replay():
+    f = compile_fn(fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4],
+                   compiler="eager")
+    for _ in range(4):
+        x = dyn(torch.randn(4, 3))
+        torch.testing.assert_close(f(x), fresh_model(x))
+
+
+def test_new_unmanaged_input_raises_on_first_replay():
+    f = compile_fn(fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4],
+                   compiler="eager")
+    desc = cgcompile.BatchDescriptor(4)
+    with cgcompile.set_forward_context(CUDAGraphMode.PIECEWISE, desc):
+        f(dyn(torch.randn(4, 3)))  # compiles and captures on this tensor's address
+        with pytest.raises(CaptureError, match="address"):
+            f(dyn(torch.randn(4, 3)))  # manual mode: nobody copies the new tensor in
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_dynamic_seq_len_with_fixed_batch(mode):
+    torch.manual_seed(0)
+    model = SeqModel()
+    f = torch.compile(model, backend="cudagraph_modes", dynamic=True, options={
+        **SIM, "cudagraph_mode": mode, "compiler": "eager", "cudagraph_capture_sizes": [2, 4]
+    })
+    for seq in [3, 5, 3, 6, 5]:
+        x = torch.randn(3, seq, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_auto_runtime_on_cpu_warns_and_runs_without_graphs(caplog):
+    f = torch.compile(silly_model, backend="cudagraph_modes", options={"compiler": "eager"})
+    with caplog.at_level(logging.WARNING, logger="cgcompile"):
+        x = dyn(torch.randn(3))
+        torch.testing.assert_close(f(x), silly_closed_form(x))
+    assert the_graph().report.mode == "NONE"
+    assert "NO_GRAPH_RUNTIME" in caplog.text and "not on a CUDA device" in caplog.text
+
+
+def test_static_batch_graph_captures_its_own_size():
+    f = compile_fn(silly_model, cudagraph_mode="PIECEWISE", compiler="eager")
+    with counters.expect(num_cudagraph_captured=3, num_eager_fallbacks=0):
+        for _ in range(3):
+            x = torch.randn(5)
+            torch.testing.assert_close(f(x), silly_closed_form(x))
+    assert the_graph().dispatcher.capture_sizes == (5,)
+
+
+def test_batch_above_max_runs_eager_unpadded(caplog):
+    f = compile_fn(silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[1, 2],
+                   compiler="eager")
+    f(dyn(torch.randn(2)))
+    with counters.expect(num_eager_fallbacks=2, num_cudagraph_captured=0):
+        for n in (3, 9):
+            x = dyn(torch.randn(n))
+            torch.testing.assert_close(f(x), silly_closed_form(x))
+    assert caplog.text.count("exceed the largest capture size") == 1
+
+
+def test_padded_rows_do_not_leak_into_real_rows():
+    f = compile_fn(silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[8],
+                   compiler="eager")
+    x = dyn(torch.randn(3))
+    out = f(x)
+    assert out.shape == (3,)
+    torch.testing.assert_close(out, silly_closed_form(x))
+
+
+def test_identical_layers_compile_once():
+    from examples.llama import Llama, LlamaConfig, make_inputs
+
+    cfg = LlamaConfig(num_layers=4)
+    model = Llama(cfg)
+    f = torch.compile(model, backend="cudagraph_modes", options={
+        **SIM, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [4]
+    })
+    # pieces: [embed+pre0], 3 x [post+pre] (one compile), [post3+head]
+    with counters.expect(num_piecewise_capturable_graphs_seen=5, num_backend_compilations=3):
+        tokens, positions = dyn(*make_inputs(cfg, 4, "cpu"))
+        with torch.no_grad():
+            torch.testing.assert_close(f(tokens, positions), model(tokens, positions),
+                                       rtol=1e-4, atol=1e-4)
+
+
+def test_compile_sizes_add_specialized_artifacts():
+    f = compile_fn(fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[2, 4],
+                   compile_sizes=[4])
+    with counters.expect(num_backend_compilations=4):  # 2 pieces x (symbolic + size 4)
+        for n in (3, 4, 2):
+            x = dyn(torch.randn(n, 5))
+            torch.testing.assert_close(f(x), fresh_model(x))
+
+
+def test_downgrade_is_logged_and_reported(caplog):
+    f = compile_fn(silly_model, cudagraph_mode="FULL_AND_PIECEWISE", attention_cg_support="NEVER",
+                   compiler="eager", cudagraph_capture_sizes=[2])
+    with caplog.at_level(logging.WARNING, logger="cgcompile"):
+        f(dyn(torch.randn(2)))
+    report = the_graph().report
+    assert report.mode == "PIECEWISE"
+    assert "DECODE_NEEDS_SUPPORT" in report.reasons[0]
+    assert "FULL_AND_PIECEWISE -> PIECEWISE" in caplog.text
+
+
+def test_report_lists_captured_keys():
+    f = compile_fn(silly_model, cudagraph_mode="FULL_AND_PIECEWISE", compiler="eager",
+                   cudagraph_capture_sizes=[2, 4])
+    x = dyn(torch.randn(3))
+    with cgcompile.batch_hint(uniform_decode=True):
+        f(x)
+    f(x)
+    report = the_graph().report
+    assert report.captured == {"FULL": ["4u4"], "PIECEWISE": ["4"]}
+    assert "captured FULL: 1 graphs" in report.format()
