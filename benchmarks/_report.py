@@ -93,6 +93,8 @@ def _cell(results: dict[str, Any], peer: str, workload: str) -> str:
         return "error" if "error" in cell else "–"
     full = results["ratios"]["vs_hand_full_graph"][peer][workload]
     floor = results["ratios"]["vs_kernel_floor"][peer][workload]
+    if full is None and floor is None:
+        return f"{cell['median_ms']:.3f}"
     return f"{cell['median_ms']:.3f} ({_num(full, '.2f')}×, {_num(floor, '.2f')}×)"
 
 

@@ -85,6 +85,7 @@ class Settings:
     warmup: int
     repeats: int
     steps: int
+    skip: tuple[str, ...] = ()
     tol: float = 0.05
 
     @classmethod
@@ -103,6 +104,7 @@ class Settings:
             warmup=args.warmup or (1 if args.quick else 3),
             repeats=args.repeats or (5 if args.quick else 20),
             steps=args.steps or (3 if args.quick else 10),
+            skip=tuple(args.skip),
         )
 
     @property
@@ -370,7 +372,10 @@ def jobs(bench: Bench) -> list[tuple[tuple[str, ...], Callable[[], Results]]]:
 def run_all(bench: Bench) -> Results:
     todo = jobs(bench)
     for names, job in tqdm(todo, desc="peers", file=sys.stdout) if tqdm is not None else todo:
-        bench.peers.update(guarded(bench, names, job))
+        if names[0].startswith(bench.s.skip):
+            bench.peers.update({n: {"skipped": "--skip"} for n in names})
+        else:
+            bench.peers.update(guarded(bench, names, job))
     return bench.peers
 
 
@@ -411,6 +416,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny model, few sizes (CPU smoke test)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--compilers", nargs="+", default=list(COMPILERS), choices=COMPILERS)
+    p.add_argument("--skip", nargs="+", default=[], metavar="PREFIX", help="peers to leave out")
     p.add_argument("--repeats", type=int, default=0, help="timed loops (default 20, quick 5)")
     p.add_argument("--steps", type=int, default=0, help="steps per loop (default 10, quick 3)")
     p.add_argument("--warmup", type=int, default=0, help="untimed loops (default 3, quick 1)")

@@ -1,7 +1,7 @@
 """cgcompile: CUDA-graph modes for any PyTorch model through `torch.compile`.
 
-    compiled = torch.compile(model, backend="cudagraph_modes",
-                             options={"cudagraph_mode": "FULL_AND_PIECEWISE"})
+compiled = torch.compile(model, backend="cudagraph_modes",
+                         options={"cudagraph_mode": "FULL_AND_PIECEWISE"})
 """
 
 from cgcompile.attention import register_attention_op

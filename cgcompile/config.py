@@ -175,7 +175,9 @@ class CompilationConfig:
         for key in ("cudagraph_capture_sizes", "compile_sizes"):
             sizes = getattr(self, key)
             if any(type(s) is not int or s < 1 for s in sizes):
-                raise ConfigError(f"{key} must be positive ints, got {list(sizes)}; e.g. [1, 2, 4, 8]")
+                raise ConfigError(
+                    f"{key} must be positive ints, got {list(sizes)}; e.g. [1, 2, 4, 8]"
+                )
         _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 1)
         if self.cudagraph_capture_sizes and self.cudagraph_capture_sizes[-1] != (
             self.max_cudagraph_capture_size

@@ -52,7 +52,9 @@ class Counters:
             if after[name] - before[name] != want
         }
         if wrong:
-            detail = ", ".join(f"{k}: got +{got}, expected +{want}" for k, (got, want) in wrong.items())
+            detail = ", ".join(
+                f"{k}: got +{got}, expected +{want}" for k, (got, want) in wrong.items()
+            )
             raise AssertionError(f"counter deltas differ: {detail}")
 
 

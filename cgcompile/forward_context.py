@@ -122,8 +122,8 @@ def batch_hint(
 ) -> Iterator[BatchHint]:
     """Describe the batch of the enclosed calls to the automatic dispatcher.
 
-        with cgcompile.batch_hint(uniform_decode=True):
-            logits = compiled(tokens)          # FULL graph in FULL_AND_PIECEWISE
+    with cgcompile.batch_hint(uniform_decode=True):
+        logits = compiled(tokens)          # FULL graph in FULL_AND_PIECEWISE
     """
     bad = [m for m in invalid_modes if m not in CUDAGraphMode.valid_runtime_modes()]
     if bad:

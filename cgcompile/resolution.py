@@ -80,7 +80,9 @@ def resolve_cudagraph_mode(
         lower(Rule.NO_GRAPH_RUNTIME, NONE, "inputs are not on a CUDA device")
     if mode == FULL and attention_support < AttentionCGSupport.ALWAYS:
         _check_not_never(attention_support)
-        to = CUDAGraphMode.FULL_AND_PIECEWISE if splits_attention else CUDAGraphMode.FULL_DECODE_ONLY
+        to = (
+            CUDAGraphMode.FULL_AND_PIECEWISE if splits_attention else CUDAGraphMode.FULL_DECODE_ONLY
+        )
         lower(Rule.FULL_NEEDS_ALWAYS, to, f"attention support is {attention_support}")
     fallback = PIECEWISE if splits_attention else NONE
     if mode.decode_mode() == FULL and attention_support == AttentionCGSupport.NEVER:
@@ -101,7 +103,9 @@ def resolve_cudagraph_mode(
     if mode.decode_mode() == FULL and q > 1:
         sizes = round_sizes_to_multiple(capture_sizes, q)
         if sizes != capture_sizes:
-            reasons.append(Downgrade(Rule.SIZES_ROUNDED_TO_Q, mode, mode, f"{capture_sizes} -> {sizes}"))
+            reasons.append(
+                Downgrade(Rule.SIZES_ROUNDED_TO_Q, mode, mode, f"{capture_sizes} -> {sizes}")
+            )
     return Resolution(requested, mode, tuple(reasons), sizes)
 
 

@@ -123,11 +123,13 @@ class CompiledGraph:
     @property
     def report(self) -> GraphReport:
         """The compile-time report with live capture figures filled in."""
-        captured: dict[str, set[str]] = {}
+        captured: dict[str, set[Any]] = {}
         for wrapper in self.wrappers:
-            keys = captured.setdefault(str(wrapper.runtime_mode), set())
-            keys.update(_describe_key(k) for k in wrapper.captured_keys())
-        self._report.captured = {mode: sorted(keys) for mode, keys in captured.items()}
+            captured.setdefault(str(wrapper.runtime_mode), set()).update(wrapper.captured_keys())
+        self._report.captured = {
+            mode: [_describe_key(k) for k in sorted(keys, key=lambda k: (k[0].num_tokens, k[1]))]
+            for mode, keys in captured.items()
+        }
         self._report.capture_seconds = sum(w.capture_seconds for w in self.wrappers)
         self._report.graph_memory_bytes = self.runtime.memory_bytes() if self.runtime else 0
         self._report.static_input_bytes = self.static_inputs.nbytes()

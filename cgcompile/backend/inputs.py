@@ -3,8 +3,8 @@
 `InputPlan.from_graph` reads Dynamo's placeholders once. Dim 0 of every user tensor whose dim 0
 is dynamic is the batch (token) dim: those tensors are copied into static buffers and padded.
 Other user tensors are copied into same-shape buffers. Parameters, module buffers and
-`mark_static_address` tensors are never copied. `StaticInputs.fill` then gives every call the same addresses, which is what a
-replayed graph reads.
+`mark_static_address` tensors are never copied. `StaticInputs.fill` then gives every call the
+same addresses, which is what a replayed graph reads.
 
     plan = InputPlan.from_graph(gm, example_inputs)
     args = static.fill(args, n=5, padded=8)       # tensors now live in buf[:8], rows 5..7 zero
@@ -41,7 +41,7 @@ class InputPlan:
         values = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
         user = [
             i
-            for i, (node, value) in enumerate(zip(placeholders, values))
+            for i, (node, value) in enumerate(zip(placeholders, values, strict=True))
             if isinstance(value, torch.Tensor) and not _is_static(node, example_inputs[i])
         ]
         exprs = frozenset(

@@ -19,9 +19,11 @@ from torch import fx
 
 
 def op_names(target: Any) -> tuple[str, ...]:
-    """Names a call target answers to: ("ns::op",) for a packet, plus "ns::op.overload"."""
+    """Names a call target answers to: "ns::op", plus "ns::op.overload" where one is known."""
     if isinstance(target, torch._ops.OpOverloadPacket):
-        return (target._qualified_op_name,)
+        # A packet call (`torch.ops.ns.op(...)`) runs the default overload for ops that have one.
+        name = target._qualified_op_name
+        return (name, f"{name}.default") if "default" in target.overloads() else (name,)
     if isinstance(target, torch._ops.OpOverload):
         base = target._schema.name
         return (base, f"{base}.{target._overloadname}")

@@ -68,8 +68,9 @@ def test_bad_option_reaches_config_error():
 
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 def test_silly_piecewise_counters(compiler):
-    f = compile_fn(silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2],
-                   compiler=compiler)
+    f = compile_fn(
+        silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2], compiler=compiler
+    )
     with counters.expect(
         num_graphs_seen=1,
         num_piecewise_graphs_seen=5,  # 2N+1, N=2 attention calls
@@ -85,8 +86,9 @@ def test_silly_piecewise_counters(compiler):
 
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 def test_silly_replay_runs_attention_between_pieces(compiler):
-    f = compile_fn(silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2],
-                   compiler=compiler)
+    f = compile_fn(
+        silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2], compiler=compiler
+    )
     f(dyn(torch.randn(2)))
     silly.CALLS["n"] = 0
     with counters.expect(num_cudagraph_captured=0):
@@ -96,8 +98,12 @@ def test_silly_replay_runs_attention_between_pieces(compiler):
 
 
 def _nested(mode: CUDAGraphMode):
-    f = compile_fn(silly_model, cudagraph_mode="FULL_AND_PIECEWISE", cudagraph_capture_sizes=[2],
-                   compiler="eager")
+    f = compile_fn(
+        silly_model,
+        cudagraph_mode="FULL_AND_PIECEWISE",
+        cudagraph_capture_sizes=[2],
+        compiler="eager",
+    )
     x = dyn(torch.randn(2))
     f(x)  # compile; FULL_AND_PIECEWISE without a hint captured the PIECEWISE key of size 2
     graph = the_graph()
@@ -136,9 +142,16 @@ def test_differential_llama_matches_eager(mode, compiler):
 
     torch.manual_seed(0)
     model = Llama(LlamaConfig.tiny()).eval()
-    f = torch.compile(model, backend="cudagraph_modes", options={
-        **SIM, "cudagraph_mode": mode, "compiler": compiler, "cudagraph_capture_sizes": [1, 2, 4, 8]
-    })
+    f = torch.compile(
+        model,
+        backend="cudagraph_modes",
+        options={
+            **SIM,
+            "cudagraph_mode": mode,
+            "compiler": compiler,
+            "cudagraph_capture_sizes": [1, 2, 4, 8],
+        },
+    )
     rng = random.Random(f"{mode}-{compiler}")
     sizes = [8, 1] + [rng.choice([1, 2, 3, 4, 5, 7, 8, 9, 13]) for _ in range(8)]
     torch._dynamo.utils.counters.clear()
@@ -153,16 +166,18 @@ def test_differential_llama_matches_eager(mode, compiler):
 
 
 def test_fresh_attention_output_is_copied_in_every_replay():
-    f = compile_fn(fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4],
-                   compiler="eager")
+    f = compile_fn(
+        fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4], compiler="eager"
+    )
     for _ in range(4):
         x = dyn(torch.randn(4, 3))
         torch.testing.assert_close(f(x), fresh_model(x))
 
 
 def test_new_unmanaged_input_raises_on_first_replay():
-    f = compile_fn(fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4],
-                   compiler="eager")
+    f = compile_fn(
+        fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4], compiler="eager"
+    )
     desc = cgcompile.BatchDescriptor(4)
     with cgcompile.set_forward_context(CUDAGraphMode.PIECEWISE, desc):
         f(dyn(torch.randn(4, 3)))  # compiles and captures on this tensor's address
@@ -174,9 +189,17 @@ def test_new_unmanaged_input_raises_on_first_replay():
 def test_dynamic_seq_len_with_fixed_batch(mode):
     torch.manual_seed(0)
     model = SeqModel()
-    f = torch.compile(model, backend="cudagraph_modes", dynamic=True, options={
-        **SIM, "cudagraph_mode": mode, "compiler": "eager", "cudagraph_capture_sizes": [2, 4]
-    })
+    f = torch.compile(
+        model,
+        backend="cudagraph_modes",
+        dynamic=True,
+        options={
+            **SIM,
+            "cudagraph_mode": mode,
+            "compiler": "eager",
+            "cudagraph_capture_sizes": [2, 4],
+        },
+    )
     for seq in [3, 5, 3, 6, 5]:
         x = torch.randn(3, seq, 8)
         with torch.no_grad():
@@ -202,8 +225,9 @@ def test_static_batch_graph_captures_its_own_size():
 
 
 def test_batch_above_max_runs_eager_unpadded(caplog):
-    f = compile_fn(silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[1, 2],
-                   compiler="eager")
+    f = compile_fn(
+        silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[1, 2], compiler="eager"
+    )
     f(dyn(torch.randn(2)))
     with counters.expect(num_eager_fallbacks=2, num_cudagraph_captured=0):
         for n in (3, 9):
@@ -213,8 +237,9 @@ def test_batch_above_max_runs_eager_unpadded(caplog):
 
 
 def test_padded_rows_do_not_leak_into_real_rows():
-    f = compile_fn(silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[8],
-                   compiler="eager")
+    f = compile_fn(
+        silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[8], compiler="eager"
+    )
     x = dyn(torch.randn(3))
     out = f(x)
     assert out.shape == (3,)
@@ -226,20 +251,24 @@ def test_identical_layers_compile_once():
 
     cfg = LlamaConfig(num_layers=4)
     model = Llama(cfg)
-    f = torch.compile(model, backend="cudagraph_modes", options={
-        **SIM, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [4]
-    })
+    f = torch.compile(
+        model,
+        backend="cudagraph_modes",
+        options={**SIM, "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [4]},
+    )
     # pieces: [embed+pre0], 3 x [post+pre] (one compile), [post3+head]
     with counters.expect(num_piecewise_capturable_graphs_seen=5, num_backend_compilations=3):
         tokens, positions = dyn(*make_inputs(cfg, 4, "cpu"))
         with torch.no_grad():
-            torch.testing.assert_close(f(tokens, positions), model(tokens, positions),
-                                       rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                f(tokens, positions), model(tokens, positions), rtol=1e-4, atol=1e-4
+            )
 
 
 def test_compile_sizes_add_specialized_artifacts():
-    f = compile_fn(fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[2, 4],
-                   compile_sizes=[4])
+    f = compile_fn(
+        fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[2, 4], compile_sizes=[4]
+    )
     with counters.expect(num_backend_compilations=4):  # 2 pieces x (symbolic + size 4)
         for n in (3, 4, 2):
             x = dyn(torch.randn(n, 5))
@@ -247,8 +276,13 @@ def test_compile_sizes_add_specialized_artifacts():
 
 
 def test_downgrade_is_logged_and_reported(caplog):
-    f = compile_fn(silly_model, cudagraph_mode="FULL_AND_PIECEWISE", attention_cg_support="NEVER",
-                   compiler="eager", cudagraph_capture_sizes=[2])
+    f = compile_fn(
+        silly_model,
+        cudagraph_mode="FULL_AND_PIECEWISE",
+        attention_cg_support="NEVER",
+        compiler="eager",
+        cudagraph_capture_sizes=[2],
+    )
     with caplog.at_level(logging.WARNING, logger="cgcompile"):
         f(dyn(torch.randn(2)))
     report = the_graph().report
@@ -258,8 +292,12 @@ def test_downgrade_is_logged_and_reported(caplog):
 
 
 def test_report_lists_captured_keys():
-    f = compile_fn(silly_model, cudagraph_mode="FULL_AND_PIECEWISE", compiler="eager",
-                   cudagraph_capture_sizes=[2, 4])
+    f = compile_fn(
+        silly_model,
+        cudagraph_mode="FULL_AND_PIECEWISE",
+        compiler="eager",
+        cudagraph_capture_sizes=[2, 4],
+    )
     x = dyn(torch.randn(3))
     with cgcompile.batch_hint(uniform_decode=True):
         f(x)

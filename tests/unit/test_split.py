@@ -124,13 +124,7 @@ PACKET, OVERLOAD = torch.ops.silly.attention, torch.ops.silly.attention.default
         ("silly::attention", PACKET),
         ("silly::attention", OVERLOAD),
         ("silly::attention.default", OVERLOAD),
-        pytest.param(
-            "silly::attention.default",
-            PACKET,
-            marks=pytest.mark.xfail(
-                strict=True, reason="OpMatcher gives a packet call no overload name"
-            ),
-        ),
+        ("silly::attention.default", PACKET),
         (PACKET, PACKET),
         (OVERLOAD, OVERLOAD),
         (OVERLOAD, PACKET),

@@ -1,0 +1,150 @@
+"""The backend on real CUDA graphs (run on the GPU machine; skipped without a GPU)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import cgcompile
+from cgcompile import CaptureError, CUDAGraphMode, counters
+from tests.support import silly
+from tests.unit.models import fresh_model, silly_closed_form, silly_model
+
+pytestmark = pytest.mark.cuda
+MODES = [m.name for m in CUDAGraphMode]
+CUDA = {"graph_runtime": "cuda"}
+
+
+def compile_fn(fn, **options):
+    return torch.compile(fn, backend="cudagraph_modes", options={**CUDA, **options})
+
+
+def dyn(*tensors):
+    cgcompile.mark_dynamic_batch(*tensors)
+    return tensors if len(tensors) > 1 else tensors[0]
+
+
+def newest_graph() -> cgcompile.CompiledGraph:
+    return cgcompile.compiled_graphs()[-1]
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_silly_piecewise_counters_cuda(compiler):
+    f = compile_fn(
+        silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2], compiler=compiler
+    )
+    with counters.expect(
+        num_piecewise_graphs_seen=5,
+        num_piecewise_capturable_graphs_seen=3,
+        num_backend_compilations=3,
+        num_cudagraph_captured=6,
+    ):
+        for n in (2, 1):
+            x = dyn(torch.randn(n, device="cuda"))
+            torch.testing.assert_close(f(x), silly_closed_form(x))
+    silly.CALLS["n"] = 0
+    out = f(dyn(torch.zeros(2, device="cuda")))
+    assert out.tolist() == [19.0, 19.0]
+    assert silly.CALLS["n"] == 2  # attention runs eagerly between replayed pieces
+
+
+def test_full_replay_runs_no_python():
+    f = compile_fn(
+        silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[4], compiler="inductor"
+    )
+    x = dyn(torch.randn(4, device="cuda"))
+    f(x)  # compile, warm up, capture, replay
+    silly.CALLS["n"] = 0
+    for _ in range(3):
+        x = dyn(torch.randn(4, device="cuda"))
+        torch.testing.assert_close(f(x), silly_closed_form(x))
+    assert silly.CALLS["n"] == 0  # the attention op lives inside the graph
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+@pytest.mark.parametrize("mode", MODES)
+def test_differential_llama_cuda(mode, compiler, dtype):
+    from examples.llama import Llama, LlamaConfig, make_inputs
+
+    model = Llama(LlamaConfig.tiny()).to("cuda", dtype).eval()
+    f = torch.compile(
+        model,
+        backend="cudagraph_modes",
+        options={
+            **CUDA,
+            "cudagraph_mode": mode,
+            "compiler": compiler,
+            "cudagraph_capture_sizes": [1, 2, 4, 8],
+        },
+    )
+    rng = random.Random(f"{mode}-{compiler}-{dtype}")
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch._dynamo.utils.counters.clear()
+    for n in [8, 1] + [rng.choice([1, 2, 3, 4, 5, 7, 8, 9, 13]) for _ in range(10)]:
+        tokens, positions = dyn(*make_inputs(model.cfg, n, "cuda"))
+        with cgcompile.batch_hint(uniform_decode=rng.random() < 0.5), torch.no_grad():
+            got = f(tokens, positions).float()
+            want = model(tokens, positions).float()
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=f"n={n}")
+    assert counters.num_graphs_seen == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_fresh_attention_output_correct_every_replay_cuda():
+    f = compile_fn(
+        fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4], compiler="inductor"
+    )
+    for _ in range(4):
+        x = dyn(torch.randn(4, 3, device="cuda"))
+        torch.testing.assert_close(f(x), fresh_model(x))
+
+
+def test_new_unmanaged_input_raises_cuda():
+    f = compile_fn(
+        fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4], compiler="eager"
+    )
+    with cgcompile.set_forward_context(CUDAGraphMode.PIECEWISE, cgcompile.BatchDescriptor(4)):
+        f(dyn(torch.randn(4, 3, device="cuda")))
+        with pytest.raises(CaptureError, match="address"):
+            f(dyn(torch.randn(4, 3, device="cuda")))
+
+
+def test_graphs_share_one_pool():
+    """Graph memory of N sizes stays well below N x the memory of the largest alone."""
+    from examples.llama import Llama, LlamaConfig, make_inputs
+
+    cfg = LlamaConfig(num_layers=4, hidden=256, heads=4, ffn=512, vocab=1024, cache_len=64)
+    model = Llama(cfg).to("cuda").eval()
+    sizes = [256, 192, 128, 64, 32]
+    f = torch.compile(
+        model,
+        backend="cudagraph_modes",
+        options={**CUDA, "cudagraph_mode": "FULL", "cudagraph_capture_sizes": sorted(sizes)},
+    )
+    memory = []
+    with torch.no_grad():
+        for n in sizes:  # largest first, as bulk capture does
+            f(*dyn(*make_inputs(cfg, n, "cuda")))
+            memory.append(newest_graph().runtime.memory_bytes())
+    largest_alone = memory[0]
+    assert largest_alone > 0
+    assert memory[-1] < 0.5 * len(sizes) * largest_alone, memory
+
+
+def test_outputs_are_overwritten_by_the_next_replay():
+    """Documented: an output lives in graph memory until the next call; clone to keep it."""
+    f = compile_fn(
+        silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[4], compiler="inductor"
+    )
+    a = dyn(torch.randn(4, device="cuda"))
+    out_a = f(a)
+    kept = out_a.clone()
+    b = dyn(torch.randn(4, device="cuda"))
+    out_b = f(b)
+    torch.testing.assert_close(kept, silly_closed_form(a))
+    torch.testing.assert_close(out_b, silly_closed_form(b))
+    assert out_a.data_ptr() == out_b.data_ptr()
+    torch.testing.assert_close(out_a, silly_closed_form(b))
