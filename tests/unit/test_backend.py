@@ -305,3 +305,11 @@ def test_report_lists_captured_keys():
     report = the_graph().report
     assert report.captured == {"FULL": ["4u4"], "PIECEWISE": ["4"]}
     assert "captured FULL: 1 graphs" in report.format()
+
+
+def test_inductor_graph_partition_is_rejected_clearly():
+    f = torch.compile(
+        lambda x: x + 1, backend="cudagraph_modes", options={"use_inductor_graph_partition": True}
+    )
+    with pytest.raises(Exception, match="use_inductor_graph_partition=True is not supported yet"):
+        f(torch.ones(2))
