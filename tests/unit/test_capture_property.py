@@ -1,0 +1,46 @@
+"""Property: graphs captured == distinct keys dispatched; a replay never captures."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import cgcompile
+from cgcompile import CUDAGraphMode, counters
+from tests.unit.models import silly_closed_form, silly_model
+
+PIECES = 3  # capturable pieces of silly_model
+
+
+@given(
+    mode=st.sampled_from([m.name for m in CUDAGraphMode]),
+    calls=st.lists(st.tuples(st.integers(1, 10), st.booleans()), min_size=1, max_size=12),
+)
+def test_captures_equal_distinct_keys(mode, calls):
+    torch._dynamo.reset()
+    f = torch.compile(
+        silly_model,
+        backend="cudagraph_modes",
+        options={
+            "cudagraph_mode": mode,
+            "graph_runtime": "simulated",
+            "compiler": "eager",
+            "cudagraph_capture_sizes": [1, 2, 4, 8],
+        },
+    )
+    seen: set[tuple[CUDAGraphMode, cgcompile.BatchDescriptor]] = set()
+    dispatcher = None
+    for n, uniform in calls:
+        x = torch.randn(n)
+        cgcompile.mark_dynamic_batch(x)
+        before = counters.num_cudagraph_captured
+        with cgcompile.batch_hint(uniform_decode=uniform):
+            out = f(x)
+        torch.testing.assert_close(out, silly_closed_form(x))
+        dispatcher = dispatcher or cgcompile.compiled_graphs()[-1].dispatcher
+        key = dispatcher.dispatch(n, uniform_decode=uniform)
+        new = key[0] != CUDAGraphMode.NONE and key not in seen
+        seen.add(key)
+        per_key = PIECES if key[0] == CUDAGraphMode.PIECEWISE else 1
+        assert counters.num_cudagraph_captured - before == (per_key if new else 0)
