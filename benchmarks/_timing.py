@@ -1,16 +1,19 @@
 """Timing, kernel-time, memory and correctness helpers shared by the benchmarks.
 
 Latency is the MEDIAN per-step time over `repeats` loops of `steps` calls each, bracketed by CUDA
-events (wall clock on CPU), after `warmup` untimed loops. The kernel floor is the GPU time that
-torch.profiler's CUDA activity records for a loop of steps, divided by the number of steps.
+events (wall clock on CPU), after `warmup` untimed loops; slow peers get fewer loops (>= 5).
+The kernel floor is the GPU time that torch.profiler's CUDA activity records for a loop of
+steps, divided by the number of steps.
 
     stats = time_steps(step, device, warmup=3, repeats=20, steps=10)    # {"median_ms": ...}
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -41,17 +44,26 @@ def _loop_ms(step: Step, device: torch.device, steps: int) -> float:
 
 
 def time_steps(
-    step: Step, device: torch.device, warmup: int, repeats: int, steps: int
+    step: Step, device: torch.device, warmup: int, repeats: int, steps: int, budget_s: float = 1.0
 ) -> dict[str, float]:
-    """Median, min and max per-step milliseconds over `repeats` loops of `steps` steps."""
-    for _ in range(warmup):
-        _loop_ms(step, device, steps)
+    """Median, min and max per-step milliseconds over up to `repeats` loops of `steps` steps.
+
+    Slow peers get fewer loops (at least 5): as many as fit in about `budget_s` seconds.
+    """
+    loop_ms = min(_loop_ms(step, device, steps) for _ in range(max(warmup, 1)))
+    repeats = max(min(repeats, 5), min(repeats, int(budget_s * 1e3 / max(loop_ms, 1e-3))))
     sync(device)
-    per_step = [_loop_ms(step, device, steps) / steps for _ in range(repeats)]
+    gc.collect()
+    gc.disable()  # no collector pauses inside a timed loop, for every peer alike
+    try:
+        per_step = [_loop_ms(step, device, steps) / steps for _ in range(repeats)]
+    finally:
+        gc.enable()
     return {
         "median_ms": statistics.median(per_step),
         "min_ms": min(per_step),
         "max_ms": max(per_step),
+        "repeats": repeats,
     }
 
 
@@ -62,10 +74,12 @@ def gpu_time_per_step_ms(step: Step, device: torch.device, steps: int) -> dict[s
 
     step()
     sync(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        sync(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle"
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            sync(device)
     events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     kernels = [e for e in events if not e.name.startswith(("Memcpy", "Memset"))]
     total_us = sum(e.time_range.elapsed_us() for e in events)

@@ -282,6 +282,16 @@ def cold_start(
     }
 
 
+def cg_backend() -> str | Callable[..., Any]:
+    """ "cudagraph_modes" when the installed package's entry point registers it, else the
+    backend function itself (a source checkout that was never pip-installed)."""
+    if "cudagraph_modes" in torch._dynamo.list_backends(exclude_tags=()):
+        return "cudagraph_modes"
+    import cgcompile
+
+    return cgcompile.cudagraph_modes
+
+
 class CGCompileRun:
     """One torch.compile of the model with backend="cudagraph_modes" and its marked inputs."""
 
@@ -291,7 +301,7 @@ class CGCompileRun:
         self.cg = cgcompile
         self.bench = bench
         self.plain_inputs = bench.inputs
-        self.compiled = torch.compile(bench.model, backend="cudagraph_modes", options=options)
+        self.compiled = torch.compile(bench.model, backend=cg_backend(), options=options)
 
     def inputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh inputs with the batch dim marked dynamic (done for every new tensor)."""
@@ -346,8 +356,10 @@ def guarded(bench: Bench, names: tuple[str, ...], job: Callable[[], Results]) ->
         results = {n: {"error": describe(e)} for n in names}
     finally:
         release()
+    seconds = bench.clock.lap()
+    results[names[0]]["wall_s"] = seconds
     errors = sorted({r["error"] for r in results.values() if "error" in r})
-    bench.log(f"{', '.join(names)}: {bench.clock.lap():.1f}s {' '.join(errors)}".rstrip())
+    bench.log(f"{', '.join(names)}: {seconds:.1f}s {' '.join(errors)}".rstrip())
     return results
 
 
@@ -402,12 +414,24 @@ def metadata(s: Settings, model: Llama) -> dict[str, Any]:
         "workloads": [w.name for w in s.workloads],
         "max_cudagraph_capture_size": s.max_capture_size,
         "timing": (
-            f"median over {s.repeats} loops of {s.steps} steps, each loop bracketed by "
+            f"median over {s.repeats} loops (fewer, >= 5, for peers slower than 1 s per "
+            f"workload) of {s.steps} steps, each loop bracketed by "
             f"{'CUDA events' if cuda else 'perf_counter'}, after {s.warmup} warm-up loops; "
             f"same input tensors every step; ms per step"
         ),
         "check": f"logits vs eager on {s.check_workload.name}: max|diff| / max|eager| <= {s.tol}",
+        "cgcompile_backend": _describe_backend(),
     }
+
+
+def _describe_backend() -> str:
+    try:
+        backend = cg_backend()
+    except Exception as e:  # the report says why no cg/* peer ran
+        return f"unavailable: {describe(e)}"
+    if isinstance(backend, str):
+        return "backend='cudagraph_modes' (entry point)"
+    return "backend=cgcompile.cudagraph_modes (package not installed: no entry point)"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
