@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import gc
 import json
 import platform
 import sys
@@ -28,143 +27,25 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import _report  # noqa: E402
+from benchmarks._cg_peers import describe_backend, run_cgcompile, run_cold_start_default  # noqa: E402
 from benchmarks._hand_graphs import HandFullGraph, HandPiecewise  # noqa: E402
-from benchmarks._timing import (  # noqa: E402
-    Step,
-    Stopwatch,
-    compare,
-    gpu_time_per_step_ms,
-    memory_delta_mb,
-    memory_snapshot,
-    time_steps,
-    timed_call,
+from benchmarks._harness import (  # noqa: E402
+    Bench,
+    Results,
+    Settings,
+    Workload,
+    capture_sizes,
+    cold_start,
+    describe,
+    release,
+    tqdm,
 )
-from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
-
-try:
-    from tqdm import tqdm
-except ImportError:  # plain prints without it
-    tqdm = None
+from benchmarks._timing import Step, Stopwatch, gpu_time_per_step_ms  # noqa: E402
+from examples.llama import Llama  # noqa: E402
 
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 COMPILERS = ("inductor", "eager")
-# Which batch kinds (uniform_decode hint) have their own graphs to capture in each mode.
-SWEEP_HINTS = {
-    "NONE": (),
-    "PIECEWISE": (False,),
-    "FULL": (False,),  # decode batches reuse the mixed full graph of their padded size
-    "FULL_DECODE_ONLY": (True,),
-    "FULL_AND_PIECEWISE": (True, False),
-}
 CUDA_ONLY = ("reduce_overhead", "hand_full_graph", "kernel_floor", "hand_piecewise")
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    kind: str  # "decode": one token per request; "mixed": anything else
-    num_tokens: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind}-{self.num_tokens}"
-
-    @property
-    def uniform_decode(self) -> bool:
-        return self.kind == "decode"
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    cfg: LlamaConfig
-    device: torch.device
-    dtype: torch.dtype
-    workloads: tuple[Workload, ...]
-    max_capture_size: int
-    modes: tuple[str, ...]
-    compilers: tuple[str, ...]
-    warmup: int
-    repeats: int
-    steps: int
-    skip: tuple[str, ...] = ()
-    tol: float = 0.05
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Settings:
-        cuda = torch.cuda.is_available()
-        decode, mixed = ((1, 4), (16,)) if args.quick else ((1, 8, 32, 128, 256), (64, 256, 1024))
-        return cls(
-            cfg=LlamaConfig.tiny() if args.quick else LlamaConfig.bench(),
-            device=torch.device("cuda" if cuda else "cpu"),
-            dtype=torch.bfloat16 if cuda else torch.float32,
-            workloads=tuple(Workload("decode", n) for n in decode)
-            + tuple(Workload("mixed", n) for n in mixed),
-            max_capture_size=32 if args.quick else 1024,
-            modes=tuple(args.modes),
-            compilers=tuple(args.compilers),
-            warmup=args.warmup or (1 if args.quick else 3),
-            repeats=args.repeats or (5 if args.quick else 20),
-            steps=args.steps or (3 if args.quick else 10),
-            skip=tuple(args.skip),
-        )
-
-    @property
-    def check_workload(self) -> Workload:
-        """The workload every peer's output is checked on against eager's."""
-        return next((w for w in self.workloads if w.num_tokens > 1), self.workloads[0])
-
-
-class Bench:
-    """The model, inputs, eager reference and results shared by every peer."""
-
-    def __init__(self, settings: Settings, clock: Stopwatch) -> None:
-        self.s = settings
-        self.clock = clock
-        self.model = Llama(settings.cfg).to(settings.device, settings.dtype).eval()
-        self.peers: dict[str, dict[str, Any]] = {}
-        tokens, positions = self.inputs(settings.check_workload.num_tokens)
-        self.reference = self.model(tokens, positions).clone()
-
-    def inputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fresh tensors with the same values for every peer (seeded by n)."""
-        g = torch.Generator().manual_seed(1000 + n)
-        return make_inputs(self.s.cfg, n, self.s.device, generator=g)
-
-    def log(self, message: str) -> None:
-        line = f"[{self.clock.elapsed():7.1f}s] {message}"
-        tqdm.write(line) if tqdm is not None else print(line, flush=True)
-
-    def measure(self, make_step: Callable[[Workload], Step]) -> dict[str, Any]:
-        """Check one workload against eager, then time every workload (errors recorded)."""
-        s = self.s
-        result: dict[str, Any] = {"latency_ms": {}}
-        result["check"] = {
-            "workload": s.check_workload.name,
-            **compare(make_step(s.check_workload)(), self.reference, s.tol),
-        }
-        for wl in s.workloads:
-            try:
-                step = make_step(wl)
-                result["latency_ms"][wl.name] = time_steps(
-                    step, s.device, s.warmup, s.repeats, s.steps
-                )
-            except Exception as e:  # one failing workload must not end the peer
-                result["latency_ms"][wl.name] = {"error": describe(e)}
-        return result
-
-
-def describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e)[:400]}"
-
-
-def release() -> None:
-    """Drop compiled code and graphs between peers so memory deltas stay per peer."""
-    torch._dynamo.reset()
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-Results = dict[str, dict[str, Any]]  # peer name -> its results
 
 
 def run_eager(bench: Bench) -> Results:
@@ -200,8 +81,8 @@ def run_reduce_overhead(bench: Bench) -> Results:
         tokens, positions = bench.inputs(wl.num_tokens)
         return lambda: call(tokens, positions)
 
-    sizes = sorted(_capture_sizes(bench.s.max_capture_size), reverse=True)
-    cold = cold_start(bench, call, sizes, hints=(False,), calls_per_size=2)
+    sizes = capture_sizes(bench.s.max_capture_size)
+    cold = cold_start(bench, call, bench.inputs, sizes, hints=(False,), calls_per_size=2)
     method = (
         "torch.compile(model, mode='reduce-overhead'): cudagraph trees; a new size warms up, "
         "then records (2 calls a size in the capture sweep, its recompiles included)"
@@ -245,105 +126,6 @@ def run_hand_piecewise(bench: Bench) -> Results:
     return {"hand_piecewise": {"method": method, **bench.measure(make_step)}}
 
 
-def _capture_sizes(max_size: int) -> list[int]:
-    """cgcompile's default capture sizes up to max_size, largest first (capture order)."""
-    from cgcompile.config import default_capture_sizes
-
-    return sorted(default_capture_sizes(max_size), reverse=True)
-
-
-def cold_start(
-    bench: Bench,
-    call: Callable[..., Any],
-    sizes: list[int],
-    hints: tuple[bool, ...],
-    calls_per_size: int = 1,
-) -> dict[str, Any]:
-    """First call (above every capture size: compile only), then one capture sweep per hint."""
-    first = bench.inputs(max(sizes) + 1)
-    _, first_s = timed_call(lambda: call(*first, uniform=False), bench.s.device)
-    sweep_inputs = {n: bench.inputs(n) for n in sizes}
-
-    def sweep() -> None:
-        for uniform in hints:
-            for n in sizes:  # largest first: smaller graphs reuse the pool's memory
-                for _ in range(calls_per_size):
-                    call(*sweep_inputs[n], uniform=uniform)
-
-    before = memory_snapshot(bench.s.device)
-    _, capture_s = timed_call(sweep, bench.s.device)
-    return {
-        "first_call_s": first_s,
-        "first_call_tokens": max(sizes) + 1,
-        "capture_s": capture_s,
-        "capture_sizes": len(sizes),
-        "sweeps": ["decode" if u else "mixed" for u in hints],
-        **memory_delta_mb(before, memory_snapshot(bench.s.device)),
-    }
-
-
-def cg_backend() -> str | Callable[..., Any]:
-    """ "cudagraph_modes" when the installed package's entry point registers it, else the
-    backend function itself (a source checkout that was never pip-installed)."""
-    if "cudagraph_modes" in torch._dynamo.list_backends(exclude_tags=()):
-        return "cudagraph_modes"
-    import cgcompile
-
-    return cgcompile.cudagraph_modes
-
-
-class CGCompileRun:
-    """One torch.compile of the model with backend="cudagraph_modes" and its marked inputs."""
-
-    def __init__(self, bench: Bench, options: dict[str, Any] | None) -> None:
-        import cgcompile
-
-        self.cg = cgcompile
-        self.bench = bench
-        self.plain_inputs = bench.inputs
-        self.compiled = torch.compile(bench.model, backend=cg_backend(), options=options)
-
-    def inputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fresh inputs with the batch dim marked dynamic (done for every new tensor)."""
-        tokens, positions = self.plain_inputs(n)
-        self.cg.mark_dynamic_batch(tokens, positions)
-        return tokens, positions
-
-    def call(self, tokens: torch.Tensor, positions: torch.Tensor, uniform: bool = False) -> Any:
-        with self.cg.batch_hint(uniform_decode=uniform):
-            return self.compiled(tokens, positions)
-
-    def cold_start(self, sizes: list[int], hints: tuple[bool, ...]) -> dict[str, Any]:
-        self.bench.inputs = self.inputs
-        try:
-            return cold_start(self.bench, self.call, sizes, hints)
-        finally:
-            self.bench.inputs = self.plain_inputs
-
-    def make_step(self, wl: Workload) -> Step:
-        tokens, positions = self.inputs(wl.num_tokens)
-        return lambda: self.call(tokens, positions, uniform=wl.uniform_decode)
-
-
-def run_cgcompile(bench: Bench, mode: str, compiler: str) -> Results:
-    options = {
-        "cudagraph_mode": mode,
-        "compiler": compiler,
-        "max_cudagraph_capture_size": bench.s.max_capture_size,
-    }
-    run = CGCompileRun(bench, options)
-    cold = run.cold_start(_capture_sizes(bench.s.max_capture_size), SWEEP_HINTS[mode])
-    result = {"options": options, "cold_start": cold, **bench.measure(run.make_step)}
-    return {f"cg/{mode}/{compiler}": result}
-
-
-def run_cold_start_default(bench: Bench) -> Results:
-    """The headline cold start: default options (FULL_AND_PIECEWISE, Inductor, max 512)."""
-    run = CGCompileRun(bench, None)
-    cold = run.cold_start(_capture_sizes(512), SWEEP_HINTS["FULL_AND_PIECEWISE"])
-    return {"cold_start_default": {"options": "defaults", **cold}}
-
-
 def guarded(bench: Bench, names: tuple[str, ...], job: Callable[[], Results]) -> Results:
     """job()'s results, or an error for each of its peers; compiled state released either way."""
     cuda_only = [n for n in names if n in CUDA_ONLY]
@@ -381,14 +163,31 @@ def jobs(bench: Bench) -> list[tuple[tuple[str, ...], Callable[[], Results]]]:
     return listed
 
 
-def run_all(bench: Bench) -> Results:
+def run_all(bench: Bench, out: Path) -> dict[str, Any]:
+    """Run every job, rewriting the results files after each (a killed run leaves them)."""
     todo = jobs(bench)
     for names, job in tqdm(todo, desc="peers", file=sys.stdout) if tqdm is not None else todo:
         if names[0].startswith(bench.s.skip):
             bench.peers.update({n: {"skipped": "--skip"} for n in names})
         else:
             bench.peers.update(guarded(bench, names, job))
-    return bench.peers
+        write_results(bench, out)
+    return write_results(bench, out)
+
+
+def write_results(bench: Bench, out: Path) -> dict[str, Any]:
+    peers = dict(bench.peers)
+    results = {
+        "metadata": metadata(bench.s, bench.model),
+        "cold_start_default": peers.pop("cold_start_default", {"skipped": "not run yet"}),
+        "peers": peers,
+    }
+    results.update(_report.analyse(results))
+    results["total_runtime_s"] = bench.clock.elapsed()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decode-results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "BENCHMARKS.md").write_text(_report.markdown(results))
+    return results
 
 
 def metadata(s: Settings, model: Llama) -> dict[str, Any]:
@@ -402,6 +201,7 @@ def metadata(s: Settings, model: Llama) -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(s.device) if cuda else platform.processor() or "cpu",
+        "device_type": s.device.type,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "triton": triton_version,
@@ -420,18 +220,9 @@ def metadata(s: Settings, model: Llama) -> dict[str, Any]:
             f"same input tensors every step; ms per step"
         ),
         "check": f"logits vs eager on {s.check_workload.name}: max|diff| / max|eager| <= {s.tol}",
-        "cgcompile_backend": _describe_backend(),
+        "cgcompile_backend": describe_backend(),
+        "cudnn_sdp_enabled": torch.backends.cuda.cudnn_sdp_enabled(),
     }
-
-
-def _describe_backend() -> str:
-    try:
-        backend = cg_backend()
-    except Exception as e:  # the report says why no cg/* peer ran
-        return f"unavailable: {describe(e)}"
-    if isinstance(backend, str):
-        return "backend='cudagraph_modes' (entry point)"
-    return "backend=cgcompile.cudagraph_modes (package not installed: no entry point)"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -454,21 +245,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # One model, many compiles (peers, sizes, layers): keep Dynamo from falling back to eager.
     torch._dynamo.config.recompile_limit = 256
     torch._dynamo.config.accumulated_recompile_limit = 4096
+    if settings.device.type == "cuda":
+        # cuDNN attention's eligibility check asks "N == 1?" of an unbacked batch size, which
+        # Dynamo cannot answer (torch 2.11); flash / efficient attention serve every peer alike.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     with torch.no_grad():
         bench = Bench(settings, clock)
         if settings.device.type != "cuda":
             bench.log("no CUDA device: CUDA-only peers are skipped, cgcompile runs without graphs")
-        peers = run_all(bench)
-    results = {
-        "metadata": metadata(settings, bench.model),
-        "cold_start_default": peers.pop("cold_start_default"),
-        "peers": peers,
-    }
-    results.update(_report.analyse(results))
-    results["total_runtime_s"] = clock.elapsed()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode-results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / "BENCHMARKS.md").write_text(_report.markdown(results))
+        results = run_all(bench, args.out)
     print(_report.summary(results, args.out))
     return results
 

@@ -12,7 +12,9 @@ therefore never change the real rows, which is what CUDA-graph padding needs; se
     logits = model(*make_inputs(model.cfg, 8, "cpu"))    # [8, 256]
 
 Each layer exposes `pre_attention`, `attention` and `post_attention`, which `forward` uses, so
-a benchmark can split the model at its SDPA calls by hand.
+a benchmark can split the model at its SDPA calls by hand. Traceable with `dynamic=True` and with
+an unbacked batch dim (`mark_unbacked`); on CUDA with torch <= 2.11 the latter also needs cuDNN
+attention off (`torch.backends.cuda.enable_cudnn_sdp(False)`): its eligibility check asks N == 1.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ what you keep.
 from __future__ import annotations
 
 import logging
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -64,11 +65,16 @@ class CompiledGraph:
         self.static_inputs = StaticInputs(plan, dispatcher.max_capture_size)
         self.uses_graphs = dispatcher.cudagraph_mode != NONE
         self._warned: set[str] = set()
+        self._first_statics: tuple[Any, ...] | None = None
+        static = plan.static_tensors
+        self._get_statics = operator.itemgetter(*static, *static[:1]) if static else None
         _live_graphs.add(self)
 
     def __call__(self, *args: Any) -> Any:
         if is_forward_context_available() or not self.uses_graphs:
             return self.runnable(*args)
+        if not self._same_statics(args):
+            return self._run_eager(args, None, "shared")
         n = self.plan.batch_size(args)
         mode, desc = self._dispatch(n)
         if mode == NONE:
@@ -96,15 +102,36 @@ class CompiledGraph:
             n, bool(uniform), hint.has_lora, invalid_modes=hint.invalid_modes
         )
 
-    def _run_eager(self, args: tuple[Any, ...], n: int | None) -> Any:
+    def _same_statics(self, args: tuple[Any, ...]) -> bool:
+        """Whether the parameters and buffers are the objects of the first call.
+
+        One compiled graph can serve several module instances (identical layers compiled as
+        separate frames after a graph break). Graphs bake in parameter addresses and share one
+        pool, so only the first instance's calls may use them.
+        """
+        if self._get_statics is None:
+            return True
+        current = self._get_statics(args)  # a tuple even for one index: that one is repeated
+        if self._first_statics is None:
+            self._first_statics = current
+            return True
+        return all(map(operator.is_, current, self._first_statics))
+
+    def _run_eager(self, args: tuple[Any, ...], n: int | None, kind: str | None = None) -> Any:
         counters.num_eager_fallbacks += 1
         self._report.num_eager_fallbacks += 1
-        self._warn_once(n)
+        self._warn_once(n, kind)
         return self.runnable(*args)
 
-    def _warn_once(self, n: int | None) -> None:
+    def _warn_once(self, n: int | None, kind: str | None = None) -> None:
         """One warning per kind of miss, so missing sizes are never silent nor noisy."""
-        if n is None:
+        if kind == "shared":
+            why = (
+                "it is called with other parameters than its first call: the same code is "
+                "shared by several module instances, e.g. identical layers compiled as separate "
+                "frames after a graph break; compile with fullgraph=True to find the break"
+            )
+        elif n is None:
             kind, why = "shape", "the batch tensors disagree on dim 0, or there are none"
         elif n > self.dispatcher.max_capture_size:
             kind = "large"

@@ -34,6 +34,8 @@ class InputPlan:
     """Positions of outputs whose dim 0 is the batch: sliced back to the real size."""
     static_batch: int | None
     """The batch size of a graph without a symbolic batch (dim 0 of its first user tensor)."""
+    static_tensors: tuple[int, ...] = ()
+    """Parameters and buffers: used in place, so graphs bake in their addresses."""
 
     @classmethod
     def from_graph(cls, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> InputPlan:
@@ -60,7 +62,10 @@ class InputPlan:
         outputs = _output_values(gm)
         batch_outputs = tuple(i for i, v in enumerate(outputs) if _dim0_in(v, exprs))
         copied = tuple(i for i in user if i not in batch_tensors)
-        return cls(exprs, size_indices, batch_tensors, copied, batch_outputs, static_batch)
+        static = tuple(
+            i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and i not in user
+        )
+        return cls(exprs, size_indices, batch_tensors, copied, batch_outputs, static_batch, static)
 
     def batch_size(self, args: Sequence[Any]) -> int | None:
         """The batch of this call, or None when the user's batch tensors disagree on it."""

@@ -313,3 +313,35 @@ def test_inductor_graph_partition_is_rejected_clearly():
     )
     with pytest.raises(Exception, match="use_inductor_graph_partition=True is not supported yet"):
         f(torch.ones(2))
+
+
+def test_graph_shared_by_layers_after_graph_break_stays_correct(caplog):
+    """Identical layers split into frames by a graph break share one compiled graph; graphs
+    captured with layer 0's weights must never replay for layer 1."""
+    from torch import nn
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            torch._dynamo.graph_break()
+            return self.lin(x).relu()
+
+    model = nn.Sequential(Layer(), Layer()).eval()
+    f = torch.compile(
+        model,
+        backend="cudagraph_modes",
+        options={
+            **SIM,
+            "cudagraph_mode": "FULL",
+            "compiler": "eager",
+            "cudagraph_capture_sizes": [4],
+        },
+    )
+    with torch.no_grad():
+        for _ in range(3):
+            x = dyn(torch.randn(4, 4))
+            torch.testing.assert_close(f(x), model(x))
+    assert "other parameters than its first call" in caplog.text

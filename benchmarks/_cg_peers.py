@@ -1,0 +1,91 @@
+"""The cgcompile peers: `torch.compile(model, backend="cudagraph_modes", options=...)` for each
+mode and piece compiler, with its cold start, and the headline cold start with default options.
+
+    results = run_cgcompile(bench, "FULL_AND_PIECEWISE", "inductor")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from benchmarks._harness import Bench, Results, Workload, capture_sizes, cold_start, describe
+from benchmarks._timing import Step
+
+# Which batch kinds (uniform_decode hint) have their own graphs to capture in each mode.
+SWEEP_HINTS = {
+    "NONE": (),
+    "PIECEWISE": (False,),
+    "FULL": (False,),  # decode batches reuse the mixed full graph of their padded size
+    "FULL_DECODE_ONLY": (True,),
+    "FULL_AND_PIECEWISE": (True, False),
+}
+
+
+def cg_backend() -> str | Callable[..., Any]:
+    """The name "cudagraph_modes" where the installed package's entry point registers it, else
+    the backend function itself (a source checkout that was never pip-installed)."""
+    if "cudagraph_modes" in torch._dynamo.list_backends(exclude_tags=()):
+        return "cudagraph_modes"
+    import cgcompile
+
+    return cgcompile.cudagraph_modes
+
+
+class CGCompileRun:
+    """One torch.compile of the model with backend="cudagraph_modes" and its marked inputs."""
+
+    def __init__(self, bench: Bench, options: dict[str, Any] | None) -> None:
+        import cgcompile
+
+        self.cg = cgcompile
+        self.bench = bench
+        self.compiled = torch.compile(bench.model, backend=cg_backend(), options=options)
+
+    def inputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh inputs with the batch dim marked dynamic (done for every new tensor)."""
+        tokens, positions = self.bench.inputs(n)
+        self.cg.mark_dynamic_batch(tokens, positions)
+        return tokens, positions
+
+    def call(self, tokens: torch.Tensor, positions: torch.Tensor, uniform: bool = False) -> Any:
+        with self.cg.batch_hint(uniform_decode=uniform):
+            return self.compiled(tokens, positions)
+
+    def cold_start(self, sizes: list[int], hints: tuple[bool, ...]) -> dict[str, Any]:
+        return cold_start(self.bench, self.call, self.inputs, sizes, hints)
+
+    def make_step(self, wl: Workload) -> Step:
+        tokens, positions = self.inputs(wl.num_tokens)
+        return lambda: self.call(tokens, positions, uniform=wl.uniform_decode)
+
+
+def run_cgcompile(bench: Bench, mode: str, compiler: str) -> Results:
+    options = {
+        "cudagraph_mode": mode,
+        "compiler": compiler,
+        "max_cudagraph_capture_size": bench.s.max_capture_size,
+    }
+    run = CGCompileRun(bench, options)
+    cold = run.cold_start(capture_sizes(bench.s.max_capture_size), SWEEP_HINTS[mode])
+    result = {"options": options, "cold_start": cold, **bench.measure(run.make_step)}
+    return {f"cg/{mode}/{compiler}": result}
+
+
+def run_cold_start_default(bench: Bench) -> Results:
+    """The headline cold start: default options (FULL_AND_PIECEWISE, Inductor, max 512)."""
+    run = CGCompileRun(bench, None)
+    cold = run.cold_start(capture_sizes(512), SWEEP_HINTS["FULL_AND_PIECEWISE"])
+    return {"cold_start_default": {"options": "defaults", **cold}}
+
+
+def describe_backend() -> str:
+    try:
+        backend = cg_backend()
+    except Exception as e:  # the report says why no cg/* peer ran
+        return f"unavailable: {describe(e)}"
+    if isinstance(backend, str):
+        return "backend='cudagraph_modes' (entry point)"
+    return "backend=cgcompile.cudagraph_modes (package not installed: no entry point)"
