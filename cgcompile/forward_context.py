@@ -41,6 +41,10 @@ class BatchDescriptor:
 class ForwardContext:
     cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE
     batch_descriptor: BatchDescriptor | None = None
+    shape_key: tuple[int, ...] | None = None
+    """The graph's dynamic sizes for this call, set by automatic dispatch: every wrapper of one
+    forward then keys on the same sizes, so a forward either captures all its pieces or
+    replays all of them. None: each wrapper keys on its own int args."""
 
     def __post_init__(self) -> None:
         if self.cudagraph_runtime_mode not in CUDAGraphMode.valid_runtime_modes():
@@ -64,6 +68,7 @@ def set_forward_context(
     cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE,
     batch_descriptor: BatchDescriptor | None = None,
     num_tokens: int | None = None,
+    shape_key: tuple[int, ...] | None = None,
 ) -> Iterator[ForwardContext]:
     """Publish the runtime mode and batch key for the enclosed forward; restores on exit.
 
@@ -71,7 +76,7 @@ def set_forward_context(
     """
     if batch_descriptor is None and num_tokens is not None:
         batch_descriptor = BatchDescriptor(num_tokens)
-    ctx = ForwardContext(cudagraph_runtime_mode, batch_descriptor)
+    ctx = ForwardContext(cudagraph_runtime_mode, batch_descriptor, shape_key)
     token = _forward_context.set(ctx)
     try:
         yield ctx

@@ -81,7 +81,8 @@ class CompiledGraph:
             return self._run_eager(args, n)
         padded = desc.num_tokens
         args = self.static_inputs.fill(args, n, padded)
-        with set_forward_context(mode, desc):
+        shape_key = tuple([args[i] for i in self.plan.int_args])
+        with set_forward_context(mode, desc, shape_key=shape_key):
             out = self.runnable(*args)
         if padded != n and self.plan.batch_outputs:
             out = list(out)

@@ -36,6 +36,8 @@ class InputPlan:
     """The batch size of a graph without a symbolic batch (dim 0 of its first user tensor)."""
     static_tensors: tuple[int, ...] = ()
     """Parameters and buffers: used in place, so graphs bake in their addresses."""
+    int_args: tuple[int, ...] = ()
+    """Positions of all int (dynamic size) arguments: with the descriptor, a graph's key."""
 
     @classmethod
     def from_graph(cls, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> InputPlan:
@@ -65,7 +67,10 @@ class InputPlan:
         static = tuple(
             i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and i not in user
         )
-        return cls(exprs, size_indices, batch_tensors, copied, batch_outputs, static_batch, static)
+        ints = tuple(i for i, v in enumerate(values) if isinstance(v, torch.SymInt))
+        return cls(
+            exprs, size_indices, batch_tensors, copied, batch_outputs, static_batch, static, ints
+        )
 
     def batch_size(self, args: Sequence[Any]) -> int | None:
         """The batch of this call, or None when the user's batch tensors disagree on it."""

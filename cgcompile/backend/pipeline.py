@@ -1,8 +1,9 @@
 """From a Dynamo graph to a `CompiledGraph`: the backend's steps, in order.
 
 1. find the attention ops in the graph and the lowest CUDA-graph support among them;
-2. split at the splitting ops (`passes.split`);
-3. resolve the requested mode against that support (`resolution`), logging every downgrade;
+2. resolve the requested mode against that support (`resolution`), logging every downgrade;
+3. split at the splitting ops (`passes.split`) if the mode has piecewise graphs; otherwise the
+   whole graph is one piece, so Inductor can fuse across attention;
 4. compile each capturable piece once, with the symbolic batch (`piece_compiler`);
 5. wrap each piece in a PIECEWISE `CUDAGraphWrapper` and the stitched graph in a FULL one,
    as the resolved mode needs, all sharing one graph runtime (one memory pool);
@@ -61,7 +62,9 @@ def compile_graph(
         uniform_decode_query_len=config.uniform_decode_query_len,
         capture_sizes=_capture_sizes(config, plan),
     )
-    split = split_graph(gm, matcher)
+    # Only piecewise graphs need the split; otherwise Inductor sees (and fuses) the whole graph.
+    needs_split = resolution.mode.requires_piecewise_compilation()
+    split = split_graph(gm, matcher if needs_split else OpMatcher(()))
     runners = compile_pieces(
         split, example_inputs, config.compiler, config.compile_sizes, plan.batch_exprs
     )
@@ -140,6 +143,8 @@ def _install_pieces(
             wrappers.append(piece)
         # An instance attribute wins over nn.Module's submodule lookup in forward().
         split.split_gm.__dict__[item.name] = piece
+    for item in split.splitting:  # eager attention: skip nn.Module.__call__ per call
+        split.split_gm.__dict__[item.name] = item.graph.forward
     return wrappers
 
 

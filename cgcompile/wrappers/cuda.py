@@ -89,7 +89,10 @@ class CUDAGraphRuntime:
                 gc.enable()
         grown = torch.cuda.memory_reserved(self.device) - reserved_before
         self._reserved_bytes += max(grown, 0)
-        return CapturedCUDAGraph(graph, output), output
+        # Replays hand out non-owning aliases, so between forwards every block of this graph is
+        # free for other captures in the pool; the capture call's caller gets `output` (strong
+        # unless weak_output) so the blocks stay reserved while the rest of its forward captures.
+        return CapturedCUDAGraph(graph, weak_ref_tensors(output)), output
 
     def _record(
         self,

@@ -22,14 +22,15 @@ import torch
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.errors import CaptureError, ConfigError
-from cgcompile.forward_context import BatchDescriptor, current_forward_context
+from cgcompile.forward_context import BatchDescriptor, ForwardContext, current_forward_context
 from cgcompile.wrappers.runtime import CapturedGraph, GraphRuntime
 
 logger = logging.getLogger(__name__)
 
 GraphKey = tuple[BatchDescriptor | None, tuple[int, ...]]
-"""(batch descriptor, the call's int args): int args carry the run-time values of symbolic
-sizes, so graphs for different non-batch sizes never mix."""
+"""(batch descriptor, dynamic sizes): the forward context's `shape_key`, else the call's int
+args, which carry the run-time values of symbolic sizes; graphs for different non-batch sizes
+never mix."""
 
 
 @dataclasses.dataclass
@@ -38,8 +39,6 @@ class GraphEntry:
 
     key: GraphKey
     graph: CapturedGraph
-    output: Any
-    """The capture call's output objects (strong refs, or weak aliases with weak_output)."""
     input_layout: dict[int, tuple[int, torch.Size]]
     """Arg position -> (data_ptr, shape) the graph reads, for args not copied in."""
     static_inputs: tuple[tuple[int, torch.Tensor], ...]
@@ -109,7 +108,7 @@ class CUDAGraphWrapper:
         # self.runtime_mode is never NONE, so this also passes NONE through
         if ctx is None or ctx.cudagraph_runtime_mode is not self.runtime_mode:
             return self.runnable(*args)
-        key = self._key(ctx.batch_descriptor, args)
+        key = self._key(ctx, args)
         entry = self.entries.get(key)
         if entry is None:
             if key in self.failed_keys:
@@ -119,26 +118,31 @@ class CUDAGraphWrapper:
             self._verify(entry, args)
         return self._replay(entry, args)
 
-    def _key(self, descriptor: BatchDescriptor | None, args: tuple[Any, ...]) -> GraphKey:
+    def _key(self, ctx: ForwardContext, args: tuple[Any, ...]) -> GraphKey:
+        if ctx.shape_key is not None:
+            return ctx.batch_descriptor, ctx.shape_key
         # the runnable's signature is fixed (a compiled graph), so int positions never move
         if self._int_positions is None:
             self._int_positions = tuple(i for i, a in enumerate(args) if type(a) is int)
-        return descriptor, tuple([args[i] for i in self._int_positions])
+        return ctx.batch_descriptor, tuple([args[i] for i in self._int_positions])
 
     def _capture_and_replay(self, key: GraphKey, args: tuple[Any, ...]) -> Any:
         self._warmup(args)
         try:
-            entry = self._capture(key, args)
+            entry, output = self._capture(key, args)
         except CaptureError as exc:
             return self._fall_back(key, args, str(exc))
-        return self._replay(entry, args)
+        self._replay(entry, args)
+        # The capture's own output objects (the same memory the replay just wrote): strong
+        # refs keep their pool blocks reserved while later pieces of this forward capture.
+        return output
 
     def _warmup(self, args: tuple[Any, ...]) -> None:
         """Eager runs before capture: allocator growth, autotuning and lazy init happen here."""
         for _ in range(self.num_warmups):
             self.runnable(*args)
 
-    def _capture(self, key: GraphKey, args: tuple[Any, ...]) -> GraphEntry:
+    def _capture(self, key: GraphKey, args: tuple[Any, ...]) -> tuple[GraphEntry, Any]:
         """Record the graph for `key`, reading copied args from buffers the entry owns."""
         static = self._static_buffers(args)
         capture_args = tuple(static.get(i, a) for i, a in enumerate(args))
@@ -154,12 +158,12 @@ class CUDAGraphWrapper:
         seconds = time.perf_counter() - start
         counters.num_cudagraph_captured += 1
         self.capture_seconds += seconds
-        entry = GraphEntry(key, graph, output, layout, tuple(static.items()), seconds)
+        entry = GraphEntry(key, graph, layout, tuple(static.items()), seconds)
         self.entries[key] = entry
         logger.debug(
             "%s: captured %s graph for %s in %.3f s", self.name, self.runtime.name, key, seconds
         )
-        return entry
+        return entry, output
 
     def _static_buffers(self, args: tuple[Any, ...]) -> dict[int, torch.Tensor]:
         static = {}

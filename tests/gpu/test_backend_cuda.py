@@ -112,7 +112,8 @@ def test_new_unmanaged_input_raises_cuda():
             f(dyn(torch.randn(4, 3, device="cuda")))
 
 
-def test_graphs_share_one_pool():
+@pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
+def test_graphs_share_one_pool(mode):
     """Graph memory of N sizes stays well below N x the memory of the largest alone."""
     from examples.llama import Llama, LlamaConfig, make_inputs
 
@@ -122,7 +123,7 @@ def test_graphs_share_one_pool():
     f = torch.compile(
         model,
         backend="cudagraph_modes",
-        options={**CUDA, "cudagraph_mode": "FULL", "cudagraph_capture_sizes": sorted(sizes)},
+        options={**CUDA, "cudagraph_mode": mode, "cudagraph_capture_sizes": sorted(sizes)},
     )
     memory = []
     with torch.no_grad():

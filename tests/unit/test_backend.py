@@ -345,3 +345,31 @@ def test_graph_shared_by_layers_after_graph_break_stays_correct(caplog):
             x = dyn(torch.randn(4, 4))
             torch.testing.assert_close(f(x), model(x))
     assert "other parameters than its first call" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["NONE", "FULL", "FULL_DECODE_ONLY"])
+def test_modes_without_piecewise_compile_the_whole_graph(mode):
+    f = compile_fn(silly_model, cudagraph_mode=mode, compiler="eager", cudagraph_capture_sizes=[2])
+    with counters.expect(num_piecewise_graphs_seen=1, num_backend_compilations=1):
+        x = dyn(torch.randn(2))
+        torch.testing.assert_close(f(x), silly_closed_form(x))
+
+
+def test_every_piece_of_a_forward_shares_one_key():
+    """A [batch, seq] model: pieces that do not see seq still key on it, so one forward
+    captures all pieces or replays all of them."""
+    f = torch.compile(
+        SeqModel(),
+        backend="cudagraph_modes",
+        dynamic=True,
+        options={
+            **SIM,
+            "cudagraph_mode": "PIECEWISE",
+            "compiler": "eager",
+            "cudagraph_capture_sizes": [4],
+        },
+    )
+    for seq in (3, 5):
+        f(torch.randn(4, seq, 8))
+    keys = [set(w.captured_keys()) for w in the_graph().wrappers]
+    assert all(k == keys[0] for k in keys) and len(keys[0]) == 2
