@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import os
 import platform
 import sys
 from collections.abc import Callable
@@ -200,6 +201,7 @@ def metadata(s: Settings, model: Llama) -> dict[str, Any]:
         triton_version = None
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": os.environ.get("CGCOMPILE_COMMIT", "unknown"),
         "device": torch.cuda.get_device_name(s.device) if cuda else platform.processor() or "cpu",
         "device_type": s.device.type,
         "torch": torch.__version__,

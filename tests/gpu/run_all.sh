@@ -7,6 +7,9 @@ out="${1:-${OUT:-out}}"; shift || true
 mkdir -p "$out"
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PWD}"
+# the entry point makes backend="cudagraph_modes" resolve by name, as for a user
+pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || true
+export CGCOMPILE_COMMIT="${CGCOMPILE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/cgcompile-inductor-cache}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 python -c "import torch; print(torch.__version__, torch.version.cuda)" >> "$out/gpu.txt" 2>&1
