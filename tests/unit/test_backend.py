@@ -373,3 +373,15 @@ def test_every_piece_of_a_forward_shares_one_key():
         f(torch.randn(4, seq, 8))
     keys = [set(w.captured_keys()) for w in the_graph().wrappers]
     assert all(k == keys[0] for k in keys) and len(keys[0]) == 2
+
+
+def test_backed_batch_marking_traces_batch_one_separately():
+    f = compile_fn(
+        silly_model, cudagraph_mode="PIECEWISE", compiler="eager", cudagraph_capture_sizes=[1, 2, 4]
+    )
+    torch._dynamo.utils.counters.clear()
+    for n in (4, 3, 1, 2):
+        x = torch.randn(n)
+        cgcompile.mark_dynamic_batch(x, unbacked=False)
+        torch.testing.assert_close(f(x), silly_closed_form(x))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # batch 1 specialises
