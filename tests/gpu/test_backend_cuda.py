@@ -10,20 +10,14 @@ import torch
 import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
 from tests.support import silly
-from tests.unit.models import fresh_model, silly_closed_form, silly_model
+from tests.support.models import MODES, dyn, fresh_model, silly_closed_form, silly_model
 
 pytestmark = pytest.mark.cuda
-MODES = [m.name for m in CUDAGraphMode]
 CUDA = {"graph_runtime": "cuda"}
 
 
 def compile_fn(fn, **options):
     return torch.compile(fn, backend="cudagraph_modes", options={**CUDA, **options})
-
-
-def dyn(*tensors):
-    cgcompile.mark_dynamic_batch(*tensors)
-    return tensors if len(tensors) > 1 else tensors[0]
 
 
 def newest_graph() -> cgcompile.CompiledGraph:

@@ -14,19 +14,13 @@ import torch
 import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
 from tests.support import silly
-from tests.unit.models import SeqModel, fresh_model, silly_closed_form, silly_model
+from tests.support.models import MODES, SeqModel, dyn, fresh_model, silly_closed_form, silly_model
 
-MODES = [m.name for m in CUDAGraphMode]
 SIM = {"graph_runtime": "simulated"}
 
 
 def compile_fn(fn, **options):
     return torch.compile(fn, backend="cudagraph_modes", options={**SIM, **options})
-
-
-def dyn(*tensors):
-    cgcompile.mark_dynamic_batch(*tensors)
-    return tensors if len(tensors) > 1 else tensors[0]
 
 
 def the_graph() -> cgcompile.CompiledGraph:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import cgcompile
 from cgcompile import CUDAGraphMode, counters
-from tests.unit.models import silly_closed_form, silly_model
+from tests.support.models import silly_closed_form, silly_model
 
 PIECES = 3  # capturable pieces of silly_model
 

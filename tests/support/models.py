@@ -46,3 +46,14 @@ class SeqModel(nn.Module):
         h = self.proj(x).unsqueeze(1)
         a = torch.nn.functional.scaled_dot_product_attention(h, h, h).squeeze(1)
         return self.out(a).sum(dim=1)
+
+
+MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+
+
+def dyn(*tensors: torch.Tensor):
+    """Mark the batch dim of each tensor dynamic; return them (one tensor bare)."""
+    import cgcompile
+
+    cgcompile.mark_dynamic_batch(*tensors)
+    return tensors if len(tensors) > 1 else tensors[0]
