@@ -13,6 +13,7 @@ Batches above the largest capture size run without graphs, unpadded.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from cgcompile.config import CompilationConfig, CUDAGraphMode
 from cgcompile.errors import CGCompileError, ConfigError
@@ -42,6 +43,7 @@ class CudagraphDispatcher:
             PIECEWISE: set(),
         }
         self._padded = self._padding_table()
+        self._memo: dict[tuple[bool, bool], list[Any]] = {}
 
     def _padding_table(self) -> list[int]:
         """_padded[n] = smallest capture size >= n, for 0 <= n <= max capture size."""
@@ -61,6 +63,11 @@ class CudagraphDispatcher:
         for keys in self.cudagraph_keys.values():
             keys.clear()
         self.keys_initialized = True
+        self._memo = {
+            (u, lora): [None] * (self.max_capture_size + 1)
+            for u in (False, True)
+            for lora in (False, True)
+        }
         if cudagraph_mode == NONE:
             return
         mixed = cudagraph_mode.mixed_mode()
@@ -90,6 +97,26 @@ class CudagraphDispatcher:
         invalid_modes: Iterable[CUDAGraphMode] | None = None,
     ) -> tuple[CUDAGraphMode, BatchDescriptor]:
         """The runtime mode and (padded) key for a batch of `num_tokens` tokens."""
+        if (
+            self.keys_initialized
+            and valid_modes is None
+            and not invalid_modes
+            and 0 < num_tokens <= self.max_capture_size
+        ):
+            table = self._memo[bool(uniform_decode), bool(has_lora)]
+            if table[num_tokens] is None:
+                table[num_tokens] = self._dispatch(num_tokens, uniform_decode, has_lora, None, None)
+            return table[num_tokens]  # the same descriptor object each time: cheap to hash
+        return self._dispatch(num_tokens, uniform_decode, has_lora, valid_modes, invalid_modes)
+
+    def _dispatch(
+        self,
+        num_tokens: int,
+        uniform_decode: bool,
+        has_lora: bool,
+        valid_modes: Iterable[CUDAGraphMode] | None,
+        invalid_modes: Iterable[CUDAGraphMode] | None,
+    ) -> tuple[CUDAGraphMode, BatchDescriptor]:
         allowed = set(_ALL_RUNTIME_MODES if valid_modes is None else valid_modes)
         allowed -= set(invalid_modes or ())
         if not allowed:

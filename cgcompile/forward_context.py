@@ -37,6 +37,9 @@ class BatchDescriptor:
         return dataclasses.replace(self, num_reqs=None, uniform=False)
 
 
+_NONE, _PIECEWISE, _FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
+
+
 @dataclasses.dataclass(frozen=True)
 class ForwardContext:
     cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE
@@ -47,7 +50,9 @@ class ForwardContext:
     replays all of them. None: each wrapper keys on its own int args."""
 
     def __post_init__(self) -> None:
-        if self.cudagraph_runtime_mode not in CUDAGraphMode.valid_runtime_modes():
+        mode = self.cudagraph_runtime_mode
+        # identity tests: Enum.__hash__ runs Python code, and this runs on every call
+        if not (mode is _NONE or mode is _PIECEWISE or mode is _FULL):
             raise ConfigError(
                 f"cudagraph_runtime_mode must be one of NONE, PIECEWISE, FULL, got "
                 f"{self.cudagraph_runtime_mode}; composite modes are resolved per batch"
