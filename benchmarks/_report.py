@@ -149,6 +149,10 @@ def _cold_table(results: dict[str, Any]) -> list[str]:
     default = results.get("cold_start_default", {})
     if "capture_s" in default:
         lines.append(_cold_row("**defaults: FULL_AND_PIECEWISE, inductor, max 512**", default))
+    bulk = default.get("capture_all", {})
+    if "capture_s" in bulk:
+        row = {**bulk, "capture_sizes": f"{bulk['graphs']} graphs", "sweeps": ["capture_all"]}
+        lines.append(_cold_row("defaults, `cgcompile.capture_all()`", row))
     for name, peer in results["peers"].items():
         if "capture_s" in peer.get("cold_start", {}):
             lines.append(_cold_row(name, peer["cold_start"]))

@@ -5,7 +5,7 @@ compiled = torch.compile(model, backend="cudagraph_modes",
 """
 
 from cgcompile.attention import register_attention_op
-from cgcompile.backend import CompiledGraph, compiled_graphs, cudagraph_modes
+from cgcompile.backend import CompiledGraph, capture_all, compiled_graphs, cudagraph_modes
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.counters import Counters, counters
 from cgcompile.dispatcher import CudagraphDispatcher
@@ -39,6 +39,7 @@ __all__ = [
     "Resolution",
     "Rule",
     "batch_hint",
+    "capture_all",
     "compiled_graphs",
     "counters",
     "cudagraph_modes",

@@ -15,10 +15,11 @@ what you keep.
 
 from __future__ import annotations
 
+import gc
 import logging
 import operator
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cgcompile.backend.inputs import InputPlan, StaticInputs
@@ -26,6 +27,7 @@ from cgcompile.backend.report import GraphReport
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
+from cgcompile.errors import CGCompileError
 from cgcompile.forward_context import (
     current_batch_hint,
     is_forward_context_available,
@@ -66,6 +68,8 @@ class CompiledGraph:
         self.uses_graphs = dispatcher.cudagraph_mode != NONE
         self._warned: set[str] = set()
         self._first_statics: tuple[Any, ...] | None = None
+        self._example: tuple[Any, ...] | None = None
+        """The first automatic call's arguments: the layout `capture_all` runs with."""
         static = plan.static_tensors
         self._get_statics = operator.itemgetter(*static, *static[:1]) if static else None
         _live_graphs.add(self)
@@ -75,6 +79,8 @@ class CompiledGraph:
             return self.runnable(*args)
         if not self._same_statics(args):
             return self._run_eager(args, None, "shared")
+        if self._example is None:
+            self._example = args
         n = self.plan.batch_size(args)
         mode, desc = self._dispatch(n)
         if mode == NONE:
@@ -89,6 +95,39 @@ class CompiledGraph:
             for i in self.plan.batch_outputs:
                 out[i] = out[i][:n]
         return out
+
+    def capture_all(self, progress: bool = True) -> int:
+        """Capture every graph the dispatcher lists now, instead of on first use.
+
+        PIECEWISE keys first, then FULL, each largest first so smaller graphs reuse the pool
+        blocks of larger ones; the garbage collector is frozen meanwhile. Runs on the static
+        input buffers as they are (warm-up values do not matter), with the parameters of the
+        first call of the compiled model, which must have happened. Returns graphs captured.
+        """
+        if not self.uses_graphs:
+            return 0
+        if self._example is None:
+            raise CGCompileError(
+                f"graph {self._report.graph_id}: capture_all needs one call of the compiled "
+                f"model first; it reuses that call's parameters and input layout"
+            )
+        todo = [(m, d) for m, descs in self.dispatcher.get_capture_descs() for d in descs]
+        before = counters.num_cudagraph_captured
+        gc.collect()
+        gc.freeze()
+        try:
+            for mode, desc in _progress(todo, progress, f"graph {self._report.graph_id}"):
+                args = self.static_inputs.at_size(self._example, desc.num_tokens)
+                shape_key = tuple([args[i] for i in self.plan.int_args])
+                with set_forward_context(mode, desc, shape_key=shape_key):
+                    self.runnable(*args)
+        finally:
+            gc.unfreeze()
+        captured = counters.num_cudagraph_captured - before
+        logger.info(
+            "graph %d: captured %d graphs for %d keys", self._report.graph_id, captured, len(todo)
+        )
+        return captured
 
     def _dispatch(self, n: int | None) -> tuple[CUDAGraphMode, Any]:
         if n is None:
@@ -165,6 +204,21 @@ class CompiledGraph:
 
     def format_report(self) -> str:
         return self.report.format()
+
+
+def capture_all(progress: bool = True) -> int:
+    """`CompiledGraph.capture_all` for every live compiled graph; returns graphs captured."""
+    return sum(graph.capture_all(progress) for graph in compiled_graphs())
+
+
+def _progress(items: list[Any], enabled: bool, name: str) -> Iterable[Any]:
+    if not enabled:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=f"cgcompile {name}: capturing CUDA graphs", unit="graph")
 
 
 def _describe_key(key: Any) -> str:

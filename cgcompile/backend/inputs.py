@@ -141,5 +141,17 @@ class StaticInputs:
             out[i] = padded
         return out
 
+    def at_size(self, args: Sequence[Any], rows: int) -> list[Any]:
+        """Arguments for a run at `rows` rows on the static buffers, whatever they hold now;
+        `args` (any earlier call's) supply the layout, parameters and buffers."""
+        out = list(args)
+        for i in self.plan.batch_tensors:
+            out[i] = self._buffer(i, args[i], max(self.max_batch, rows))[:rows]
+        for i in self.plan.copied_tensors:
+            out[i] = self._buffer(i, args[i], None)
+        for i in self.plan.size_indices:
+            out[i] = rows
+        return out
+
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers.values())

@@ -379,3 +379,39 @@ def test_backed_batch_marking_traces_batch_one_separately():
         cgcompile.mark_dynamic_batch(x, unbacked=False)
         torch.testing.assert_close(f(x), silly_closed_form(x))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # batch 1 specialises
+
+
+@pytest.mark.parametrize(
+    ("first", "expected"),
+    [(3, 2 * 3 + 3), (9, 3 * 3 + 3)],
+    ids=["after-a-graph-call", "after-an-eager-call"],
+)
+def test_capture_all_captures_every_key_once(first, expected):
+    f = compile_fn(
+        silly_model,
+        cudagraph_mode="FULL_AND_PIECEWISE",
+        compiler="eager",
+        cudagraph_capture_sizes=[1, 2, 4],
+    )
+    f(dyn(torch.randn(first)))  # 3: PIECEWISE key 4 (3 pieces) captured; 9: above max, eager
+    # all keys: PIECEWISE 4, 2, 1 (3 pieces each) + FULL decode 4, 2, 1
+    assert cgcompile.capture_all(progress=False) == expected
+    with counters.expect(num_cudagraph_captured=0):
+        for n in (1, 2, 3, 4):
+            for uniform in (True, False):
+                x = dyn(torch.randn(n))
+                with cgcompile.batch_hint(uniform_decode=uniform):
+                    torch.testing.assert_close(f(x), silly_closed_form(x))
+
+
+def test_capture_all_before_any_call_says_what_to_do():
+    from cgcompile.backend.compiled_graph import CompiledGraph
+
+    f = compile_fn(
+        silly_model, cudagraph_mode="PIECEWISE", compiler="eager", cudagraph_capture_sizes=[2]
+    )
+    with cgcompile.set_forward_context():  # manual mode: no automatic call, no template
+        f(dyn(torch.randn(2)))
+    graph: CompiledGraph = the_graph()
+    with pytest.raises(cgcompile.CGCompileError, match="needs one call of the compiled model"):
+        graph.capture_all(progress=False)
