@@ -1,0 +1,91 @@
+"""Where the time of one cgcompile step goes: CPU time per step, GPU time, top ops.
+
+For each mode given, compiles the benchmark model, runs a workload, and reports the host time
+of one step without synchronising (the CPU cost of launching it), the device time from CUDA
+events, and the profiler's top ops by self CPU time. Traces go to DIR for a closer look.
+
+    python benchmarks/profile_step.py --out DIR --modes PIECEWISE FULL --tokens 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cgcompile  # noqa: E402
+from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
+
+
+def host_and_device_ms(step, device: torch.device, n: int = 50) -> tuple[float, float]:
+    """Median host ms to issue one step, and median device ms per step."""
+    host, dev = [], []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        t0 = time.perf_counter()
+        step()
+        host.append((time.perf_counter() - t0) * 1e3)
+        end.record()
+        torch.cuda.synchronize(device)
+        dev.append(start.elapsed_time(end))
+    return statistics.median(host), statistics.median(dev)
+
+
+def profile_mode(model: Llama, mode: str, tokens: int, uniform: bool, out: Path) -> str:
+    torch._dynamo.reset()
+    options = {"cudagraph_mode": mode, "max_cudagraph_capture_size": 1024}
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    inputs = make_inputs(model.cfg, tokens, "cuda")
+    cgcompile.mark_dynamic_batch(*inputs)
+
+    def step():
+        with cgcompile.batch_hint(uniform_decode=uniform):
+            return compiled(*inputs)
+
+    for _ in range(5):
+        step()
+    host, dev = host_and_device_ms(step, inputs[0].device)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(out / f"trace-{mode}-{tokens}.json"))
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    head = f"== {mode} tokens={tokens} uniform={uniform}: host {host:.3f} ms, device {dev:.3f} ms"
+    return f"{head}\n{table}\n{cgcompile.compiled_graphs()[-1].format_report()}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--modes", nargs="+", default=["FULL", "PIECEWISE", "NONE"])
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--mixed", action="store_true", help="mixed batch (default: decode)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("profile_step needs a CUDA GPU")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.enable_cudnn_sdp(False)  # see docs/BENCHMARKS.md
+    model = Llama(LlamaConfig.bench()).to("cuda", torch.bfloat16).eval()
+    reports = []
+    with torch.no_grad():
+        for mode in args.modes:
+            reports.append(profile_mode(model, mode, args.tokens, not args.mixed, args.out))
+    text = "\n\n".join(reports)
+    (args.out / "profile.txt").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
