@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one go: GPU tests, the quickstart on real graphs, the
-# benchmark. Full logs go to $1 (default $OUT or ./out); a short summary is printed last.
-#   bash tests/gpu/run_all.sh "$OUT" [--quick]
+# benchmark, a step profile. Full logs go to $1 (default $OUT or ./out); a short summary is
+# printed last. STAGES picks a subset (e.g. STAGES="tests quickstart") to fit a time limit.
+#   bash tests/gpu/run_all.sh "$OUT" [benchmark args, e.g. --quick]
 set -uo pipefail
 out="${1:-${OUT:-out}}"; shift || true
+stages="${STAGES:-tests quickstart bench profile}"
 mkdir -p "$out"
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PWD}"
@@ -13,19 +15,23 @@ export CGCOMPILE_COMMIT="${CGCOMPILE_COMMIT:-$(git rev-parse --short HEAD 2>/dev
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/cgcompile-inductor-cache}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 python -c "import torch; print(torch.__version__, torch.version.cuda)" >> "$out/gpu.txt" 2>&1
+rc=0
+run() {  # run STAGE LOG CMD...: record its exit code and last line
+  local stage=$1 log=$2; shift 2
+  case " $stages " in *" $stage "*) ;; *) return ;; esac
+  "$@" > "$out/$log" 2>&1
+  local code=$?
+  rc=$(( rc || code ))
+  echo "$stage (rc=$code): $(tail -n 1 "$out/$log")" >> "$out/summary.txt"
+}
+: > "$out/summary.txt"
+run tests gpu-tests.log python -m pytest -q tests/gpu -p no:cacheprovider --junitxml="$out/gpu-tests.xml"
+run quickstart quickstart.log python examples/quickstart.py
+run bench benchmark.log python benchmarks/decode.py --out "$out" "$@"
+run profile profile.log python benchmarks/profile_step.py --out "$out/profile"
 
-python -m pytest -q tests/gpu -p no:cacheprovider --junitxml="$out/gpu-tests.xml" \
-  > "$out/gpu-tests.log" 2>&1
-tests_rc=$?
-python examples/quickstart.py > "$out/quickstart.log" 2>&1
-quick_rc=$?
-python benchmarks/decode.py --out "$out" "$@" > "$out/benchmark.log" 2>&1
-bench_rc=$?
-
-echo "== summary"
-cat "$out/gpu.txt"
-echo "gpu tests (rc=$tests_rc): $(tail -n 1 "$out/gpu-tests.log")"
-grep -E "^(FAILED|ERROR)" "$out/gpu-tests.log" | head -20
-echo "quickstart (rc=$quick_rc): $(tail -n 1 "$out/quickstart.log")"
-echo "benchmark (rc=$bench_rc):"; tail -n 40 "$out/benchmark.log"
-exit $(( tests_rc || quick_rc || bench_rc ))
+echo "== summary (commit $CGCOMPILE_COMMIT)"
+cat "$out/gpu.txt" "$out/summary.txt"
+grep -hE "^(FAILED|ERROR)" "$out/gpu-tests.log" 2>/dev/null | head -20
+[ -f "$out/benchmark.log" ] && tail -n 12 "$out/benchmark.log"
+exit $rc
