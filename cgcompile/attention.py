@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from cgcompile.config import AttentionCGSupport
-from cgcompile.passes.op_match import OpMatcher, op_names, spec_key
+from cgcompile.passes.op_match import OpMatcher, describe, op_names, spec_key
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,6 @@ def attention_support_of(target: Any) -> AttentionCGSupport | None:
 
 def find_attention(targets: Iterable[Any]) -> dict[str, AttentionCGSupport]:
     """Attention ops among call targets, by readable name, with their support."""
-    from cgcompile.passes.op_match import describe
-
     found = {}
     for target in targets:
         support = attention_support_of(target)

@@ -124,11 +124,6 @@ def default_capture_sizes(max_size: int) -> tuple[int, ...]:
     return tuple(sorted({s for s in sizes if s <= max_size} | {max_size}))
 
 
-def padded_size(capture_sizes: tuple[int, ...], num_tokens: int) -> int | None:
-    """The smallest capture size >= num_tokens, or None above the largest."""
-    return next((s for s in capture_sizes if s >= num_tokens), None)
-
-
 @dataclasses.dataclass(frozen=True)
 class CompilationConfig:
     """Everything the `cudagraph_modes` backend can be told; build it with `from_options`."""

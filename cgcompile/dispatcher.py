@@ -163,7 +163,3 @@ class CudagraphDispatcher:
             if descs:
                 groups.append((mode, descs))
         return groups
-
-    def padded_size(self, num_tokens: int) -> int | None:
-        """The capture size a batch pads to, or None above the largest."""
-        return self._padded[num_tokens] if 0 < num_tokens <= self.max_capture_size else None

@@ -36,8 +36,3 @@ def mark_dynamic_batch(*tensors: torch.Tensor, dim: int = 0, unbacked: bool = Tr
             mark_unbacked(t, dim, shape_id=_SHAPE_ID)
         else:
             torch._dynamo.mark_dynamic(t, dim)
-
-
-def single_trace_supported() -> bool:
-    """Whether `mark_dynamic_batch` gives one trace for every batch size on this torch."""
-    return _HAS_SHAPE_ID
