@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
 from tests.support import silly
+from tests.support.differential import check_llama_matches_eager
 from tests.support.models import MODES, dyn, fresh_model, silly_closed_form, silly_model
 
 pytestmark = pytest.mark.cuda
@@ -61,32 +60,11 @@ def test_full_replay_runs_no_python():
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 @pytest.mark.parametrize("mode", MODES)
 def test_differential_llama_cuda(mode, compiler, dtype):
-    from examples.llama import Llama, LlamaConfig, make_inputs
-
-    model = Llama(LlamaConfig.tiny()).to("cuda", dtype).eval()
-    f = torch.compile(
-        model,
-        backend="cudagraph_modes",
-        options={
-            **CUDA,
-            "cudagraph_mode": mode,
-            "compiler": compiler,
-            "cudagraph_capture_sizes": [1, 2, 4, 8],
-        },
-    )
-    rng = random.Random(f"{mode}-{compiler}-{dtype}")
     # bf16: compiled kernels round differently from eager; compare against the logits' scale
     tol = 1e-4 if dtype == torch.float32 else 0.03
-    torch._dynamo.utils.counters.clear()
-    for n in [8, 1] + [rng.choice([1, 2, 3, 4, 5, 7, 8, 9, 13]) for _ in range(10)]:
-        tokens, positions = dyn(*make_inputs(model.cfg, n, "cuda"))
-        with cgcompile.batch_hint(uniform_decode=rng.random() < 0.5), torch.no_grad():
-            got = f(tokens, positions).float()
-            want = model(tokens, positions).float()
-        err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
-        assert err <= tol, f"n={n}: max|diff| / max|eager| = {err:.3g} > {tol}"
-    assert counters.num_graphs_seen == 1
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    check_llama_matches_eager(
+        mode, compiler, device="cuda", graph_runtime="cuda", dtype=dtype, tol=tol
+    )
 
 
 def test_fresh_attention_output_correct_every_replay_cuda():

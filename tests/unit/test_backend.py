@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import random
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ import torch
 import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
 from tests.support import silly
+from tests.support.differential import check_llama_matches_eager
 from tests.support.models import MODES, SeqModel, dyn, fresh_model, silly_closed_form, silly_model
 
 SIM = {"graph_runtime": "simulated"}
@@ -132,31 +132,7 @@ def test_nested_none_mode_captures_nothing():
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 @pytest.mark.parametrize("mode", MODES)
 def test_differential_llama_matches_eager(mode, compiler):
-    from examples.llama import Llama, LlamaConfig, make_inputs
-
-    torch.manual_seed(0)
-    model = Llama(LlamaConfig.tiny()).eval()
-    f = torch.compile(
-        model,
-        backend="cudagraph_modes",
-        options={
-            **SIM,
-            "cudagraph_mode": mode,
-            "compiler": compiler,
-            "cudagraph_capture_sizes": [1, 2, 4, 8],
-        },
-    )
-    rng = random.Random(f"{mode}-{compiler}")
-    sizes = [8, 1] + [rng.choice([1, 2, 3, 4, 5, 7, 8, 9, 13]) for _ in range(8)]
-    torch._dynamo.utils.counters.clear()
-    for n in sizes:
-        tokens, positions = dyn(*make_inputs(model.cfg, n, "cpu"))
-        with cgcompile.batch_hint(uniform_decode=rng.random() < 0.5), torch.no_grad():
-            got = f(tokens, positions)
-            want = model(tokens, positions)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"n={n}")
-    assert counters.num_graphs_seen == 1
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    check_llama_matches_eager(mode, compiler, device="cpu", graph_runtime="simulated")
 
 
 def test_fresh_attention_output_is_copied_in_every_replay():
