@@ -163,18 +163,17 @@ def test_weak_output_is_readable_after_replay(runtime: CUDAGraphRuntime) -> None
     torch.testing.assert_close(second, torch.full((4,), 7.0, device="cuda"))
 
 
-def test_weak_output_frees_its_pool_block_for_later_captures() -> None:
+@pytest.mark.parametrize("weak_output", [True, False], ids=["weak", "strong"])
+def test_replay_outputs_do_not_pin_pool_blocks(weak_output: bool) -> None:
+    """Entries keep only non-owning aliases: once the capturing call's caller drops its output,
+    the block is free for the next capture, so two graphs need about one output block."""
     x = torch.zeros(16 << 20, device="cuda")  # 64 MiB of float32
-
-    def pool_growth(weak_output: bool) -> int:
-        runtime = CUDAGraphRuntime()
-        wrapper = wrap(lambda t: t * 2, runtime, FULL, weak_output=weak_output)
-        for num_tokens in (8, 4):  # two graphs, one output block each
-            with in_mode(FULL, num_tokens=num_tokens):
-                wrapper(x)
-        return runtime.memory_bytes()
-
-    assert pool_growth(weak_output=True) < pool_growth(weak_output=False)
+    runtime = CUDAGraphRuntime()
+    wrapper = wrap(lambda t: t * 2, runtime, FULL, weak_output=weak_output)
+    for num_tokens in (8, 4):  # two graphs, one output block each
+        with in_mode(FULL, num_tokens=num_tokens):
+            wrapper(x)
+    assert runtime.memory_bytes() < 1.5 * x.nbytes
 
 
 def test_capture_failure_falls_back_to_eager(
