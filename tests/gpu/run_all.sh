@@ -25,7 +25,7 @@ run() {  # run STAGE LOG CMD...: record its exit code and last line
   echo "$stage (rc=$code): $(tail -n 1 "$out/$log")" >> "$out/summary.txt"
 }
 : > "$out/summary.txt"
-run tests gpu-tests.log python -m pytest -q tests/gpu -p no:cacheprovider --junitxml="$out/gpu-tests.xml"
+run tests gpu-tests.log python -m pytest -q tests/gpu -p no:cacheprovider --durations=15 --junitxml="$out/gpu-tests.xml"
 run quickstart quickstart.log python examples/quickstart.py
 run bench benchmark.log python benchmarks/decode.py --out "$out" "$@"
 run profile profile.log python benchmarks/profile_step.py --out "$out/profile"
