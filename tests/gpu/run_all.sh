@@ -7,10 +7,14 @@ set -uo pipefail
 out="${1:-${OUT:-out}}"; shift || true
 stages="${STAGES:-tests quickstart bench profile}"
 mkdir -p "$out"
+: > "$out/summary.txt"
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PWD}"
 # the entry point makes backend="cudagraph_modes" resolve by name, as for a user
-pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || true
+python -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 ||
+  echo "install failed: see install.log" >> "$out/summary.txt"
+python -c "import torch; torch._dynamo.lookup_backend('cudagraph_modes')" >> "$out/install.log" 2>&1 ||
+  echo "backend 'cudagraph_modes' not registered: see install.log" >> "$out/summary.txt"
 export CGCOMPILE_COMMIT="${CGCOMPILE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/cgcompile-inductor-cache}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
@@ -24,7 +28,6 @@ run() {  # run STAGE LOG CMD...: record its exit code and last line
   rc=$(( rc || code ))
   echo "$stage (rc=$code): $(tail -n 1 "$out/$log")" >> "$out/summary.txt"
 }
-: > "$out/summary.txt"
 run tests gpu-tests.log python -m pytest -q tests/gpu -p no:cacheprovider --durations=15 --junitxml="$out/gpu-tests.xml"
 run quickstart quickstart.log python examples/quickstart.py
 run bench benchmark.log python benchmarks/decode.py --out "$out" "$@"
