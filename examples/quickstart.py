@@ -52,8 +52,6 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     runtime = "cuda" if device == "cuda" else "simulated"
-    # cuDNN attention's eligibility check cannot trace an unbacked batch (see cgcompile.dynamic)
-    torch.backends.cuda.enable_cudnn_sdp(False)
     print(f"cgcompile quickstart: torch {torch.__version__}, device {device}, runtime {runtime}")
     model = Llama(LlamaConfig.tiny()).to(device).eval()
     results = {}

@@ -352,7 +352,7 @@ def test_backed_batch_marking_traces_batch_one_separately():
     torch._dynamo.utils.counters.clear()
     for n in (4, 3, 1, 2):
         x = torch.randn(n)
-        cgcompile.mark_dynamic_batch(x, unbacked=False)
+        cgcompile.mark_dynamic_batch(x)
         torch.testing.assert_close(f(x), silly_closed_form(x))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # batch 1 specialises
 

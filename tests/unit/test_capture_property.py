@@ -33,7 +33,7 @@ def test_captures_equal_distinct_keys(mode, calls):
     dispatcher = None
     for n, uniform in calls:
         x = torch.randn(n)
-        cgcompile.mark_dynamic_batch(x)
+        cgcompile.mark_dynamic_batch(x, unbacked=True)
         before = counters.num_cudagraph_captured
         with cgcompile.batch_hint(uniform_decode=uniform):
             out = f(x)
