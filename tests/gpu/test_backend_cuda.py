@@ -80,8 +80,9 @@ def test_new_unmanaged_input_raises_cuda():
     f = compile_fn(
         fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4], compiler="eager"
     )
+    first = dyn(torch.randn(4, 3, device="cuda"))  # kept alive: its block is not reused
     with cgcompile.set_forward_context(CUDAGraphMode.PIECEWISE, cgcompile.BatchDescriptor(4)):
-        f(dyn(torch.randn(4, 3, device="cuda")))
+        f(first)
         with pytest.raises(CaptureError, match="address"):
             f(dyn(torch.randn(4, 3, device="cuda")))
 

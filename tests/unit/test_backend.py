@@ -149,8 +149,9 @@ def test_new_unmanaged_input_raises_on_first_replay():
         fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4], compiler="eager"
     )
     desc = cgcompile.BatchDescriptor(4)
+    first = dyn(torch.randn(4, 3))  # kept alive, so the next tensor cannot reuse its memory
     with cgcompile.set_forward_context(CUDAGraphMode.PIECEWISE, desc):
-        f(dyn(torch.randn(4, 3)))  # compiles and captures on this tensor's address
+        f(first)  # compiles and captures on this tensor's address
         with pytest.raises(CaptureError, match="address"):
             f(dyn(torch.randn(4, 3)))  # manual mode: nobody copies the new tensor in
 
