@@ -7,7 +7,7 @@ loop of 17 no-op replays, 16 attention calls and 16 copies is the floor to compa
 microseconds per forward and a cProfile of the forward by own time (Dynamo's guard check runs
 in C when the model's frame starts, so cProfile books it to `Module._call_impl`).
 
-    python benchmarks/host_overhead.py [PIECEWISE|FULL|FULL_AND_PIECEWISE]
+    python benchmarks/host_overhead.py [PIECEWISE|FULL|FULL_AND_PIECEWISE] [tottime|cumulative]
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def main() -> None:
         for _ in range(2000):
             step()
         profiler.disable()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    order = sys.argv[2] if len(sys.argv) > 2 else "tottime"  # or "cumulative"
+    pstats.Stats(profiler).sort_stats(order).print_stats(25)
 
 
 if __name__ == "__main__":

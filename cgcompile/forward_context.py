@@ -48,8 +48,15 @@ class ForwardContext:
     """The graph's dynamic sizes for this call, set by automatic dispatch: every wrapper of one
     forward then keys on the same sizes, so a forward either captures all its pieces or
     replays all of them. None: each wrapper keys on its own int args."""
+    graph_key: tuple[BatchDescriptor | None, tuple[int, ...]] | None = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+    """(batch_descriptor, shape_key) when shape_key is set: the key every wrapper of this
+    forward looks its graph up by, built once per forward instead of once per piece."""
 
     def __post_init__(self) -> None:
+        key = None if self.shape_key is None else (self.batch_descriptor, self.shape_key)
+        object.__setattr__(self, "graph_key", key)
         mode = self.cudagraph_runtime_mode
         # identity tests: Enum.__hash__ runs Python code, and this runs on every call
         if not (mode is _NONE or mode is _PIECEWISE or mode is _FULL):
