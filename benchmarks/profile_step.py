@@ -2,9 +2,10 @@
 
 For each mode given, compiles the benchmark model, runs a workload, and reports the host time
 of one step without synchronising (the CPU cost of launching it), the device time from CUDA
-events, and the profiler's top ops by self CPU time. Traces go to DIR for a closer look.
+events, and the profiler's top ops by self CPU time. With --out, the text and Chrome traces go
+to DIR for a closer look.
 
-    python benchmarks/profile_step.py --out DIR --modes PIECEWISE FULL --tokens 8
+    python benchmarks/profile_step.py --modes PIECEWISE FULL --tokens 8 [--mixed] [--out DIR]
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def host_and_device_ms(step, device: torch.device, n: int = 50) -> tuple[float, 
     return statistics.median(host), statistics.median(dev)
 
 
-def profile_mode(model: Llama, mode: str, tokens: int, uniform: bool, out: Path) -> str:
+def profile_mode(model: Llama, mode: str, tokens: int, uniform: bool, out: Path | None) -> str:
     torch._dynamo.reset()
     options = {"cudagraph_mode": mode, "max_cudagraph_capture_size": 1024}
     compiled = torch.compile(model, backend="cudagraph_modes", options=options)
@@ -58,7 +59,8 @@ def profile_mode(model: Llama, mode: str, tokens: int, uniform: bool, out: Path)
         for _ in range(5):
             step()
         torch.cuda.synchronize()
-    prof.export_chrome_trace(str(out / f"trace-{mode}-{tokens}.json"))
+    if out is not None:
+        prof.export_chrome_trace(str(out / f"trace-{mode}-{tokens}.json"))
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
     head = f"== {mode} tokens={tokens} uniform={uniform}: host {host:.3f} ms, device {dev:.3f} ms"
     return f"{head}\n{table}\n{cgcompile.compiled_graphs()[-1].format_report()}"
@@ -66,7 +68,7 @@ def profile_mode(model: Llama, mode: str, tokens: int, uniform: bool, out: Path)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="write profile.txt and Chrome traces here")
     parser.add_argument("--modes", nargs="+", default=["FULL", "PIECEWISE", "NONE"])
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--mixed", action="store_true", help="mixed batch (default: decode)")
@@ -74,7 +76,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("profile_step needs a CUDA GPU")
         return 0
-    args.out.mkdir(parents=True, exist_ok=True)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.enable_cudnn_sdp(False)  # see docs/BENCHMARKS.md
     model = Llama(LlamaConfig.bench()).to("cuda", torch.bfloat16).eval()
     reports = []
@@ -82,7 +85,8 @@ def main() -> int:
         for mode in args.modes:
             reports.append(profile_mode(model, mode, args.tokens, not args.mixed, args.out))
     text = "\n\n".join(reports)
-    (args.out / "profile.txt").write_text(text)
+    if args.out is not None:
+        (args.out / "profile.txt").write_text(text)
     print(text)
     return 0
 

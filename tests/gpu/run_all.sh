@@ -31,7 +31,10 @@ run() {  # run STAGE LOG CMD...: record its exit code and last line
 run tests gpu-tests.log python -m pytest -q tests/gpu -p no:cacheprovider --durations=15 --junitxml="$out/gpu-tests.xml"
 run quickstart quickstart.log python examples/quickstart.py
 run bench benchmark.log python benchmarks/decode.py --out "$out" "$@"
-run profile profile.log python benchmarks/profile_step.py --out "$out/profile"
+run profile profile.log python benchmarks/profile_step.py
+# FULL_AND_PIECEWISE first this time: its mixed batches ran 2x slower when profiled second
+run profile profile-mixed.log python benchmarks/profile_step.py \
+  --modes FULL_AND_PIECEWISE PIECEWISE --tokens 64 --mixed
 
 echo "== summary (commit $CGCOMPILE_COMMIT)"
 cat "$out/gpu.txt" "$out/summary.txt"
