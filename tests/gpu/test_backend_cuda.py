@@ -56,14 +56,21 @@ def test_full_replay_runs_no_python():
     assert silly.CALLS["n"] == 0  # the attention op lives inside the graph
 
 
+@pytest.mark.parametrize("batch", ["unbacked", "backed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 @pytest.mark.parametrize("mode", MODES)
-def test_differential_llama_cuda(mode, compiler, dtype):
+def test_differential_llama_cuda(mode, compiler, dtype, batch):
     # bf16: compiled kernels round differently from eager; compare against the logits' scale
     tol = 1e-4 if dtype == torch.float32 else 0.03
     check_llama_matches_eager(
-        mode, compiler, device="cuda", graph_runtime="cuda", dtype=dtype, tol=tol
+        mode,
+        compiler,
+        device="cuda",
+        graph_runtime="cuda",
+        dtype=dtype,
+        tol=tol,
+        unbacked=batch == "unbacked",
     )
 
 
