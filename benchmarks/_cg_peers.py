@@ -70,16 +70,27 @@ class CGCompileRun:
         return lambda: self.call(tokens, positions, uniform=wl.uniform_decode)
 
 
-def run_cgcompile(bench: Bench, mode: str, compiler: str) -> Results:
-    options = {
+def run_cgcompile(
+    bench: Bench, mode: str, compiler: str, skip_module_guards: bool = False
+) -> Results:
+    """One cgcompile peer; `skip_module_guards` passes torch's
+    `guard_filter_fn=torch.compiler.skip_guard_on_all_nn_modules_unsafe` (Dynamo then checks
+    sizes, inputs and global state per call, not the ~1800 guards on the module and its
+    parameters), which shows how much of a step is Dynamo's guard check."""
+    options: dict[str, Any] = {
         "cudagraph_mode": mode,
         "compiler": compiler,
         "max_cudagraph_capture_size": bench.s.max_capture_size,
     }
-    run = CGCompileRun(bench, options)
+    name = f"cg/{mode}/{compiler}"
+    if skip_module_guards:
+        name += "/skip-module-guards"
+        options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    described = {k: getattr(v, "__name__", v) for k, v in options.items()}
+    run = CGCompileRun(bench, options)  # torch.compile pops guard_filter_fn out of options
     cold = run.cold_start(capture_sizes(bench.s.max_capture_size), SWEEP_HINTS[mode])
-    result = {"options": options, "cold_start": cold, **bench.measure(run.make_step)}
-    return {f"cg/{mode}/{compiler}": result}
+    result = {"options": described, "cold_start": cold, **bench.measure(run.make_step)}
+    return {name: result}
 
 
 def run_cold_start_default(bench: Bench) -> Results:

@@ -168,6 +168,12 @@ def jobs(bench: Bench) -> list[tuple[tuple[str, ...], Callable[[], Results]]]:
         for compiler in bench.s.compilers:
             job = lambda m=mode, c=compiler: run_cgcompile(bench, m, c)  # noqa: E731
             listed.append(((f"cg/{mode}/{compiler}",), job))
+    if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe") and (
+        "inductor" in bench.s.compilers
+    ):
+        for mode in [m for m in ("PIECEWISE", "FULL") if m in bench.s.modes]:
+            job = lambda m=mode: run_cgcompile(bench, m, "inductor", skip_module_guards=True)  # noqa: E731
+            listed.append(((f"cg/{mode}/inductor/skip-module-guards",), job))
     listed.append((("kernel_floor",), lambda: run_kernel_floor(bench)))
     return listed
 

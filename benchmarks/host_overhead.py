@@ -7,11 +7,12 @@ loop of 17 no-op replays, 16 attention calls and 16 copies is the floor to compa
 microseconds per forward and a cProfile of the forward by own time (Dynamo's guard check runs
 in C when the model's frame starts, so cProfile books it to `Module._call_impl`).
 
-    python benchmarks/host_overhead.py [PIECEWISE|FULL|FULL_AND_PIECEWISE] [tottime|cumulative]
+    python benchmarks/host_overhead.py [--mode PIECEWISE] [--skip-module-guards] [--sort cumulative]
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import pstats
 import statistics
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cgcompile  # noqa: E402
 import cgcompile.backend.pipeline as pipeline  # noqa: E402
+from cgcompile.forward_context import current_forward_context, set_forward_context  # noqa: E402
 from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
 
 
@@ -63,14 +65,48 @@ def per_call_us(fn: Callable[[], Any], calls: int = 2000) -> float:
     return statistics.median(loops)
 
 
+def _record_call(graph: Any, step: Callable[[], Any]) -> tuple[Any, Any, Any]:
+    """One step's arguments to `graph` (from Dynamo), to its runnable (static buffers, padded),
+    and the forward context the runnable ran under."""
+    seen: dict[str, Any] = {}
+    cls, runnable = type(graph), graph.runnable
+    outer_call = cls.__call__
+
+    def record_outer(self: Any, *args: Any) -> Any:
+        seen["outer"] = args
+        return outer_call(self, *args)
+
+    def record_inner(*args: Any) -> Any:
+        seen["inner"], seen["ctx"] = args, current_forward_context()
+        return runnable(*args)
+
+    cls.__call__, graph.runnable = record_outer, record_inner
+    try:
+        step()
+    finally:
+        cls.__call__, graph.runnable = outer_call, runnable
+    return seen["outer"], seen["inner"], seen["ctx"]
+
+
 def main() -> None:
-    mode = sys.argv[1] if len(sys.argv) > 1 else "PIECEWISE"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", default="PIECEWISE", help="a cudagraph_mode")
+    parser.add_argument(
+        "--skip-module-guards",
+        action="store_true",
+        help="guard_filter_fn=torch.compiler.skip_guard_on_all_nn_modules_unsafe",
+    )
+    parser.add_argument("--sort", default="tottime", help="cProfile order, e.g. cumulative")
+    args = parser.parse_args()
+    mode = args.mode
     pipeline.make_graph_runtime = lambda kind, device=None: NullRuntime()
     cfg = LlamaConfig(num_layers=16, hidden=64, heads=4, ffn=128, vocab=256, cache_len=16)
     model = Llama(cfg).eval()
     # "simulated" passes the CPU check; the patched factory hands out the no-op runtime instead
     options = {"cudagraph_mode": mode, "compiler": "eager", "graph_runtime": "simulated"}
     options["cudagraph_capture_sizes"] = [8]
+    if args.skip_module_guards:
+        options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     compiled = torch.compile(model, backend="cudagraph_modes", options=options)
     tokens, positions = make_inputs(cfg, 8, "cpu")
     cgcompile.mark_dynamic_batch(tokens, positions)
@@ -92,19 +128,36 @@ def main() -> None:
 
     with torch.no_grad():
         step()
-        ours, floor = per_call_us(step), per_call_us(hand)
-        attention = per_call_us(lambda: layer.attention(query), 20000)
-        print(
-            f"{mode}: cgcompile {ours:.1f} us/forward; hand loop {floor:.1f} us; "
-            f"one attention call {attention:.2f} us"
-        )
+        graph = cgcompile.compiled_graphs()[-1]
+        outer, inner, ctx = _record_call(graph, step)
+
+        def no_dynamo() -> Any:  # dispatch, copy-in, graphs: the backend's own work
+            with cgcompile.batch_hint(uniform_decode=False):
+                return graph(*outer)
+
+        def graphs_only() -> Any:  # the stitching graph and its wrappers, context already set
+            with set_forward_context(
+                ctx.cudagraph_runtime_mode, ctx.batch_descriptor, None, ctx.shape_key
+            ):
+                return graph.runnable(*inner)
+
+        tiers = {
+            "torch.compile'd model": per_call_us(step),
+            "CompiledGraph (no Dynamo)": per_call_us(no_dynamo),
+            "stitching + wrappers": per_call_us(graphs_only),
+            "hand loop": per_call_us(hand),
+            "one attention call": per_call_us(lambda: layer.attention(query), 20000),
+        }
+        guards = ", module guards skipped" if args.skip_module_guards else ""
+        print(f"{mode}{guards}, 8 tokens, us per forward:")
+        for name, us in tiers.items():
+            print(f"  {name:28} {us:8.1f}")
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(2000):
             step()
         profiler.disable()
-    order = sys.argv[2] if len(sys.argv) > 2 else "tottime"  # or "cumulative"
-    pstats.Stats(profiler).sort_stats(order).print_stats(25)
+    pstats.Stats(profiler).sort_stats(args.sort).print_stats(25)
 
 
 if __name__ == "__main__":
