@@ -13,6 +13,23 @@ FULL = "cg/FULL/inductor"
 PIECEWISE = "cg/PIECEWISE/inductor"
 FULL_AND_PIECEWISE = "cg/FULL_AND_PIECEWISE/inductor"
 CAPTURE_LIMIT_S = 15.0
+SKIP_GUARDS = "/skip-module-guards"
+PAIRS = [  # (name, peer, base): the per-workload ratios the analysis reads
+    ("FULL / hand_full_graph", FULL, "hand_full_graph"),
+    ("FULL / reduce_overhead", FULL, "reduce_overhead"),
+    ("FULL_AND_PIECEWISE / FULL", FULL_AND_PIECEWISE, FULL),
+    ("FULL_AND_PIECEWISE / PIECEWISE", FULL_AND_PIECEWISE, PIECEWISE),
+    ("PIECEWISE / hand_piecewise", PIECEWISE, "hand_piecewise"),
+    ("PIECEWISE / FULL", PIECEWISE, FULL),
+    ("PIECEWISE / compile_default", PIECEWISE, "compile_default"),
+    ("PIECEWISE, module guards skipped / PIECEWISE", PIECEWISE + SKIP_GUARDS, PIECEWISE),
+    (
+        "PIECEWISE, module guards skipped / hand_piecewise",
+        PIECEWISE + SKIP_GUARDS,
+        "hand_piecewise",
+    ),
+    ("FULL, module guards skipped / hand_full_graph", FULL + SKIP_GUARDS, "hand_full_graph"),
+]
 
 
 def median(results: dict[str, Any], peer: str, workload: str) -> float | None:
@@ -81,14 +98,35 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def pair_ratios(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """PAIRS' peer/base ratio per workload (None where either is missing)."""
+    workloads = results["metadata"]["workloads"]
+    return {
+        name: {w: _ratio(median(results, peer, w), median(results, base, w)) for w in workloads}
+        for name, peer, base in PAIRS
+    }
+
+
 def analyse(results: dict[str, Any]) -> dict[str, Any]:
     return {
         "ratios": {
             "vs_hand_full_graph": ratios_to(results, "hand_full_graph"),
             "vs_kernel_floor": ratios_to(results, "kernel_floor"),
+            "pairs": pair_ratios(results),
         },
         "targets": targets(results),
     }
+
+
+def _pairs_table(results: dict[str, Any]) -> list[str]:
+    workloads = results["metadata"]["workloads"]
+    lines = [
+        "| ratio | " + " | ".join(workloads) + " |",
+        "|---|" + "---:|" * len(workloads),
+    ]
+    for name, row in results["ratios"]["pairs"].items():
+        lines.append(f"| {name} | " + " | ".join(_num(row[w]) for w in workloads) + " |")
+    return lines
 
 
 def _num(x: float | None, fmt: str = ".3f") -> str:
@@ -196,6 +234,10 @@ def markdown(results: dict[str, Any]) -> str:
         "## Cold start (first call = Dynamo + compile; capture = one call per capture size)",
         "",
         *_cold_table(results),
+        "",
+        "## Ratios per workload (cg = Inductor pieces)",
+        "",
+        *_pairs_table(results),
         "",
         "## Targets (cg = Inductor pieces; ratios are the worst over the workloads named)",
         "",
