@@ -74,7 +74,7 @@ def compile_graph(
     runnable: Any = split.split_gm.forward  # skips nn.Module.__call__ on the hot path
     if mode.has_full_cudagraphs():
         runnable = CUDAGraphWrapper(
-            split.split_gm,
+            runnable,
             CUDAGraphMode.FULL,
             runtime,
             name=f"graph{graph_id}.full",
