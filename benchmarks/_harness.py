@@ -59,6 +59,7 @@ class Settings:
     repeats: int
     steps: int
     skip: tuple[str, ...] = ()
+    isolate: bool = False
     tol: float = 0.05
 
     @classmethod
@@ -78,6 +79,7 @@ class Settings:
             repeats=args.repeats or (5 if args.quick else 20),
             steps=args.steps or (3 if args.quick else 10),
             skip=tuple(args.skip),
+            isolate=getattr(args, "isolate", False),
         )
 
     @property

@@ -8,6 +8,8 @@ Writes DIR/decode-results.json and DIR/BENCHMARKS.md and prints a summary.
 
     python benchmarks/decode.py --out benchmarks/results            # the GPU run (~7 min)
     python benchmarks/decode.py --out /tmp/bench --quick            # tiny model, CPU or GPU
+    python benchmarks/decode.py --out DIR --isolate --only cg/PIECEWISE hand_piecewise
+        # chosen peers (name prefixes), each in a fresh process: no state of earlier peers
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -178,16 +182,49 @@ def jobs(bench: Bench) -> list[tuple[tuple[str, ...], Callable[[], Results]]]:
     return listed
 
 
-def run_all(bench: Bench, out: Path) -> dict[str, Any]:
+def run_all(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     """Run every job, rewriting the results files after each (a killed run leaves them)."""
-    todo = jobs(bench)
+    todo = [
+        (n, job) for n, job in jobs(bench) if not args.only or n[0].startswith(tuple(args.only))
+    ]
     for names, job in tqdm(todo, desc="peers", file=sys.stdout) if tqdm is not None else todo:
         if names[0].startswith(bench.s.skip):
             bench.peers.update({n: {"skipped": "--skip"} for n in names})
+        elif args.isolate:
+            bench.peers.update(run_isolated(bench, names, args))
         else:
             bench.peers.update(guarded(bench, names, job))
-        write_results(bench, out)
-    return write_results(bench, out)
+        write_results(bench, args.out)
+    return write_results(bench, args.out)
+
+
+def run_isolated(bench: Bench, names: tuple[str, ...], args: argparse.Namespace) -> Results:
+    """One job in a fresh Python process (no compiled code, graphs or profiler state of earlier
+    peers), its results read back from the JSON file it writes."""
+    child = ["--modes", *args.modes, "--compilers", *args.compilers, "--job", names[0]]
+    for flag in ("repeats", "steps", "warmup"):
+        child += [f"--{flag}", str(getattr(args, flag))]
+    child += ["--quick"] if args.quick else []
+    with tempfile.TemporaryDirectory() as folder:
+        done = subprocess.run([sys.executable, __file__, *child, "--out", folder], check=False)
+        path = Path(folder) / JOB_FILE
+        if done.returncode != 0 or not path.exists():
+            bench.log(f"{names[0]}: isolated run exited with {done.returncode}")
+            return {n: {"error": f"isolated run exited with {done.returncode}"} for n in names}
+        return json.loads(path.read_text())
+
+
+def run_job(bench: Bench, name: str, out: Path) -> None:
+    """`--job NAME`: run that one job and write its results to OUT/job.json."""
+    found = [(names, job) for names, job in jobs(bench) if names[0] == name]
+    if not found:
+        raise SystemExit(f"--job {name!r}: no such peer; peers: {[n[0] for n, _ in jobs(bench)]}")
+    names, job = found[0]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / JOB_FILE).write_text(json.dumps(guarded(bench, names, job)) + "\n")
+
+
+JOB_FILE = "job.json"
 
 
 def write_results(bench: Bench, out: Path) -> dict[str, Any]:
@@ -234,6 +271,7 @@ def metadata(s: Settings, model: Llama) -> dict[str, Any]:
             f"workload) of {s.steps} steps, each loop bracketed by "
             f"{'CUDA events' if cuda else 'perf_counter'}, after {s.warmup} warm-up loops; "
             f"same input tensors every step; ms per step"
+            + ("; every peer in a fresh process" if s.isolate else "")
         ),
         "check": f"logits vs eager on {s.check_workload.name}: max|diff| / max|eager| <= {s.tol}",
         "cgcompile_backend": describe_backend(),
@@ -248,6 +286,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--compilers", nargs="+", default=list(COMPILERS), choices=COMPILERS)
     p.add_argument("--skip", nargs="+", default=[], metavar="PREFIX", help="peers to leave out")
+    p.add_argument("--only", nargs="+", default=[], metavar="PREFIX", help="peers to run")
+    p.add_argument(
+        "--isolate", action="store_true", help="each peer in a fresh process (slower start)"
+    )
+    p.add_argument("--job", help=argparse.SUPPRESS)  # internal: one peer, for --isolate
     p.add_argument("--repeats", type=int, default=0, help="timed loops (default 20, quick 5)")
     p.add_argument("--steps", type=int, default=0, help="steps per loop (default 10, quick 3)")
     p.add_argument("--warmup", type=int, default=0, help="untimed loops (default 3, quick 1)")
@@ -269,7 +312,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bench = Bench(settings, clock)
         if settings.device.type != "cuda":
             bench.log("no CUDA device: CUDA-only peers are skipped, cgcompile runs without graphs")
-        results = run_all(bench, args.out)
+        if args.job:
+            run_job(bench, args.job, args.out)
+            return {}
+        results = run_all(bench, args)
     print(_report.summary(results, args.out))
     return results
 
