@@ -6,7 +6,7 @@ hand_full_graph, hand_piecewise, cgcompile's 5 modes x 2 piece compilers and, la
 profiler), kernel_floor, plus the cold start (compile, capture, graph memory) of the modes.
 Writes DIR/decode-results.json and DIR/BENCHMARKS.md and prints a summary.
 
-    python benchmarks/decode.py --out benchmarks/results            # the GPU run (~7 min)
+    python benchmarks/decode.py --out benchmarks/results            # the GPU run (~8 min)
     python benchmarks/decode.py --out /tmp/bench --quick            # tiny model, CPU or GPU
     python benchmarks/decode.py --out DIR --isolate --only cg/PIECEWISE hand_piecewise
         # chosen peers (name prefixes), each in a fresh process: no state of earlier peers
@@ -50,6 +50,7 @@ from examples.llama import Llama  # noqa: E402
 
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 COMPILERS = ("inductor", "eager")
+JOB_FILE = "job.json"  # what `--job NAME` writes for `--isolate`
 CUDA_ONLY = ("reduce_overhead", "hand_full_graph", "kernel_floor", "hand_piecewise")
 
 
@@ -222,9 +223,6 @@ def run_job(bench: Bench, name: str, out: Path) -> None:
     names, job = found[0]
     out.mkdir(parents=True, exist_ok=True)
     (out / JOB_FILE).write_text(json.dumps(guarded(bench, names, job)) + "\n")
-
-
-JOB_FILE = "job.json"
 
 
 def write_results(bench: Bench, out: Path) -> dict[str, Any]:
