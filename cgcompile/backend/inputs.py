@@ -38,6 +38,9 @@ class InputPlan:
     """Parameters and buffers: used in place, so graphs bake in their addresses."""
     int_args: tuple[int, ...] = ()
     """Positions of all int (dynamic size) arguments: with the descriptor, a graph's key."""
+    min_batch: int = 1
+    """The smallest batch this graph's guards admit: 2 for a backed batch (Dynamo traces batch 1
+    separately), so capture sizes below it would record graphs no call can reach."""
 
     @classmethod
     def from_graph(cls, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> InputPlan:
@@ -68,8 +71,17 @@ class InputPlan:
             i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and i not in user
         )
         ints = tuple(i for i, v in enumerate(values) if isinstance(v, torch.SymInt))
+        bounds = [_lower_bound(values[i].shape[0]) for i in batch_tensors if exprs]
         return cls(
-            exprs, size_indices, batch_tensors, copied, batch_outputs, static_batch, static, ints
+            exprs,
+            size_indices,
+            batch_tensors,
+            copied,
+            batch_outputs,
+            static_batch,
+            static,
+            ints,
+            max([1, *bounds]),
         )
 
     def batch_size(self, args: Sequence[Any]) -> int | None:
@@ -80,6 +92,15 @@ class InputPlan:
         if any(args[i].shape[0] != n for i in self.batch_tensors[1:]):
             return None
         return n
+
+
+def _lower_bound(size: torch.SymInt) -> int:
+    """The least value the shape environment allows for a symbolic size (0 if unbounded)."""
+    node = size.node
+    try:
+        return int(node.shape_env.bound_sympy(node.expr).lower)
+    except (TypeError, ValueError, OverflowError):  # -oo
+        return 0
 
 
 def _is_static(node: fx.Node, example: Any) -> bool:

@@ -110,10 +110,16 @@ def _choose_runtime(
 
 
 def _capture_sizes(config: CompilationConfig, plan: InputPlan) -> tuple[int, ...]:
-    """A graph with a static batch can only ever run at that one size."""
+    """The sizes this graph can run at: a static batch only its own; a backed batch not 1,
+    which Dynamo sends to a graph of its own."""
     if plan.static_batch is not None:
         return (plan.static_batch,)
-    return config.cudagraph_capture_sizes
+    sizes = tuple(s for s in config.cudagraph_capture_sizes if s >= plan.min_batch)
+    if len(sizes) < len(config.cudagraph_capture_sizes):
+        logger.info(
+            "capture sizes below %d dropped: this graph's guards exclude them", plan.min_batch
+        )
+    return sizes
 
 
 def _install_pieces(

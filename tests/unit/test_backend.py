@@ -361,6 +361,31 @@ def test_backed_batch_marking_traces_batch_one_separately():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # batch 1 specialises
 
 
+def test_backed_batch_graph_captures_no_size_it_cannot_run():
+    """Batch 1 has its own graph, so the batch >= 2 graph must not record size-1 graphs."""
+    f = compile_fn(
+        silly_model,
+        cudagraph_mode="FULL_AND_PIECEWISE",
+        compiler="eager",
+        cudagraph_capture_sizes=[1, 2, 4],
+    )
+    for n in (4, 1):
+        x = torch.randn(n)
+        cgcompile.mark_dynamic_batch(x)
+        f(x)
+    dynamic, single = cgcompile.compiled_graphs()
+    assert (dynamic.report.capture_sizes, single.report.capture_sizes) == ([2, 4], [1])
+    cgcompile.capture_all(progress=False)
+    assert all(k[0].num_tokens >= 2 for w in dynamic.wrappers for k in w.captured_keys())
+    with counters.expect(num_cudagraph_captured=0):  # every batch finds its graph captured
+        for n in (1, 2, 3, 4):
+            for uniform in (True, False):
+                x = torch.randn(n)
+                cgcompile.mark_dynamic_batch(x)
+                with cgcompile.batch_hint(uniform_decode=uniform):
+                    torch.testing.assert_close(f(x), silly_closed_form(x))
+
+
 @pytest.mark.parametrize(
     ("first", "expected"),
     [(3, 2 * 3 + 3), (9, 3 * 3 + 3)],
