@@ -1,134 +1,162 @@
-"""Why a cgcompile step is slower than its hand-built ideal: kernels per step, GPU ms and host ms.
+"""Why a cgcompile step is slower than its hand-built ideal: per step, the time, the host time,
+the GPU busy time and the number of kernels, on the benchmark model (CUDA only).
 
-Compares, at 1, 8 and 1024 tokens on the benchmark model: the hand whole graph and hand
-piecewise step (static Inductor compiles), and cgcompile FULL / PIECEWISE / FULL_AND_PIECEWISE
-with an unbacked batch, FULL with a backed batch, and FULL / PIECEWISE with `compile_sizes`.
-Writes DIR/diag.json and per-op tables of PIECEWISE at 1 and 8 tokens.
+Rows: the hand whole graph and hand piecewise step (static Inductor compiles, from the
+benchmark), and cgcompile FULL (default backed batch, unbacked batch, `compile_sizes`),
+PIECEWISE (default, module guards skipped) and FULL_AND_PIECEWISE, each at 1 and 8 decode tokens
+and 1024 mixed tokens. Every row runs in a fresh process and is timed before the profiler
+counts its kernels, so no row sees another's compiled code or a profiler's after-effects.
+`ms - gpu` is the time per step the GPU sat idle. `--trace` also writes Chrome traces of the
+hand graph and of FULL at 8 tokens, to see where that idle time falls.
 
-    python benchmarks/kernels_diag.py DIR
+    python benchmarks/kernels_diag.py --out DIR [--rows FULL hand_full] [--trace]
 """
 
+from __future__ import annotations
+
+import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
-import cgcompile
-from benchmarks._hand_graphs import HandFullGraph, HandPiecewise
-from benchmarks._timing import gpu_time_per_step_ms, time_steps
-from examples.llama import Llama, LlamaConfig, make_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-torch.backends.cuda.enable_cudnn_sdp(False)
-dev = torch.device("cuda")
-model = Llama(LlamaConfig.bench()).to("cuda", torch.bfloat16).eval()
-W = [(1, True), (8, True), (1024, False)]
-out = Path(sys.argv[1])
-out.mkdir(parents=True, exist_ok=True)
-res = {}
+import cgcompile  # noqa: E402
+from benchmarks._hand_graphs import HandFullGraph, HandPiecewise  # noqa: E402
+from benchmarks._timing import gpu_time_per_step_ms, time_steps  # noqa: E402
+from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
+
+WORKLOADS = [(1, True), (8, True), (1024, False)]  # (tokens, uniform decode)
+SKIP_MODULE_GUARDS = {"guard_filter_fn": "skip_guard_on_all_nn_modules_unsafe"}
+ROWS: dict[str, dict[str, Any]] = {  # cgcompile rows: options, and the batch marking
+    "FULL": {"cudagraph_mode": "FULL"},
+    "FULL unbacked": {"cudagraph_mode": "FULL", "unbacked": True},
+    "FULL+sizes": {"cudagraph_mode": "FULL", "compile_sizes": [n for n, _ in WORKLOADS]},
+    "PIECEWISE": {"cudagraph_mode": "PIECEWISE"},
+    "PIECEWISE skip-module-guards": {"cudagraph_mode": "PIECEWISE", **SKIP_MODULE_GUARDS},
+    "FULL_AND_PIECEWISE": {"cudagraph_mode": "FULL_AND_PIECEWISE"},
+}
+HAND = ("hand_full", "hand_piecewise")
+TRACED = ("hand_full", "FULL")
+Step = Callable[[], Any]
 
 
-def inputs(n, mark=True, unbacked=True):  # unbacked unless asked: the "FULL backed" row
-    g = torch.Generator().manual_seed(1000 + n)
-    t, p = make_inputs(model.cfg, n, "cuda", generator=g)
-    if mark:
-        cgcompile.mark_dynamic_batch(t, p, unbacked=unbacked)
-    return t, p
-
-
-def host_ms(step, n=30):
-    h = []
-    for _ in range(n):
+def host_ms(step: Step, calls: int = 30) -> float:
+    """Median wall time to issue one step from an idle GPU (the host's share)."""
+    times = []
+    for _ in range(calls):
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        start = time.perf_counter()
         step()
-        h.append((time.perf_counter() - t0) * 1e3)
+        times.append((time.perf_counter() - start) * 1e3)
     torch.cuda.synchronize()
-    return statistics.median(h)
+    return statistics.median(times)
 
 
-def measure(name, make_step):
-    for n, uni in W:
-        try:
-            step = make_step(n, uni)
-            for _ in range(3):
-                step()
-            t = time_steps(step, dev, 3, 10, 10)
-            k = gpu_time_per_step_ms(step, dev, 5)
-            r = dict(
-                ms=round(t["median_ms"], 3),
-                host=round(host_ms(step), 3),
-                gpu=round(k["median_ms"], 3),
-                kern=k["kernels_per_step"],
-            )
-        except Exception as e:
-            r = dict(error=repr(e)[:300])
-        res[f"{name}@{n}"] = r
-        print(f"{name:28} n={n:<5} {r}", flush=True)
+def step_maker(row: str, model: Llama) -> Callable[[int, bool], Step]:
+    """make(tokens, uniform) -> a step of this row on fresh, seeded inputs."""
 
+    def inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return make_inputs(model.cfg, n, "cuda", generator=torch.Generator().manual_seed(1000 + n))
 
-def cg(name, mode, unbacked=True, **opts):
-    torch._dynamo.reset()
-    t0 = time.perf_counter()
-    f = torch.compile(
-        model,
-        backend="cudagraph_modes",
-        options={"cudagraph_mode": mode, "max_cudagraph_capture_size": 1024, **opts},
-    )
+    if row == "hand_full":
+        hand = HandFullGraph(model)
+        return lambda n, uniform: hand.step_for(*inputs(n))
+    if row == "hand_piecewise":
+        pieces = HandPiecewise(model)
+        return lambda n, uniform: pieces.step_for(*inputs(n))
+    options = dict(ROWS[row])
+    unbacked = options.pop("unbacked", False)
+    if "guard_filter_fn" in options:
+        options["guard_filter_fn"] = getattr(torch.compiler, options["guard_filter_fn"])
+    options["max_cudagraph_capture_size"] = 1024
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
 
-    def make(n, uni):
-        t, p = inputs(n, unbacked=unbacked)
+    def make(n: int, uniform: bool) -> Step:
+        tokens, positions = inputs(n)
+        cgcompile.mark_dynamic_batch(tokens, positions, unbacked=unbacked)
 
-        def step():
-            with cgcompile.batch_hint(uniform_decode=uni):
-                return f(t, p)
+        def step() -> Any:
+            with cgcompile.batch_hint(uniform_decode=uniform):
+                return compiled(tokens, positions)
 
         return step
 
+    return make
+
+
+def run_row(row: str, out: Path, trace: bool) -> dict[str, Any]:
+    """Every workload of one row: timings first, then the profiler's kernel count."""
+    torch.backends.cuda.enable_cudnn_sdp(False)  # as in the benchmark
+    device = torch.device("cuda")
+    model = Llama(LlamaConfig.bench()).to(device, torch.bfloat16).eval()
+    results: dict[str, Any] = {}
     with torch.no_grad():
-        measure(name, make)
-    print(f"  {name} total {time.perf_counter() - t0:.1f}s", flush=True)
+        make = step_maker(row, model)
+        steps = {n: make(n, uniform) for n, uniform in WORKLOADS}
+        for n, step in steps.items():
+            for _ in range(3):
+                step()  # compile, capture
+            timed = time_steps(step, device, warmup=3, repeats=10, steps=10)
+            results[str(n)] = {"ms": timed["median_ms"], "host_ms": host_ms(step)}
+        for n, step in steps.items():
+            gpu = gpu_time_per_step_ms(step, device, steps=5)
+            results[str(n)] |= {"gpu_ms": gpu["median_ms"], "kernels": gpu["kernels_per_step"]}
+        if trace and row in TRACED:
+            with torch.profiler.profile(
+                activities=[
+                    torch.profiler.ProfilerActivity.CPU,
+                    torch.profiler.ProfilerActivity.CUDA,
+                ]
+            ) as prof:
+                for _ in range(5):
+                    steps[8]()
+                torch.cuda.synchronize()
+            prof.export_chrome_trace(str(out / f"trace-{row.replace(' ', '_')}-8.json"))
+    return results
 
 
-with torch.no_grad():
-    torch._dynamo.reset()
-    hand = HandFullGraph(model)
-    measure("hand_full", lambda n, u: hand.step_for(*inputs(n, mark=False)))
-    torch._dynamo.reset()
-    hp = HandPiecewise(model)
-    measure("hand_piecewise", lambda n, u: hp.step_for(*inputs(n, mark=False)))
-cg("FULL", "FULL")
-cg("FULL+sizes", "FULL", compile_sizes=[1, 8, 1024])
-cg("FULL backed", "FULL", unbacked=False)
-cg("PIECEWISE", "PIECEWISE")
-cg("PIECEWISE+sizes", "PIECEWISE", compile_sizes=[1, 8, 1024])
-cg("F&P", "FULL_AND_PIECEWISE")
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rows", nargs="+", default=[*HAND, *ROWS], choices=[*HAND, *ROWS])
+    parser.add_argument("--trace", action="store_true", help="Chrome traces at 8 tokens")
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # internal: one row, this process
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.row:
+        print(json.dumps(run_row(args.row, args.out, args.trace)))
+        return
+    if not torch.cuda.is_available():
+        print("kernels_diag needs a CUDA GPU")
+        return
+    table: dict[str, Any] = {}
+    for row in args.rows:
+        cmd = [sys.executable, __file__, "--out", str(args.out), "--row", row]
+        done = subprocess.run(cmd + ["--trace"] * args.trace, capture_output=True, text=True)
+        if done.returncode != 0:
+            table[row] = {"error": done.stderr.strip().splitlines()[-1:]}
+        else:
+            table[row] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{row}: {table[row]}", flush=True)
+    (args.out / "diag.json").write_text(json.dumps(table, indent=1) + "\n")
+    print("\n| row | tokens | ms/step | host ms | GPU ms | idle ms | kernels/step |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for row, cells in table.items():
+        for n, c in cells.items() if "error" not in cells else []:
+            idle = c["ms"] - c["gpu_ms"]
+            print(
+                f"| {row} | {n} | {c['ms']:.3f} | {c['host_ms']:.3f} | {c['gpu_ms']:.3f} | "
+                f"{idle:.3f} | {c['kernels']:.0f} |"
+            )
 
-# where PIECEWISE n=1 spends host time
-torch._dynamo.reset()
-f = torch.compile(
-    model,
-    backend="cudagraph_modes",
-    options={"cudagraph_mode": "PIECEWISE", "max_cudagraph_capture_size": 1024},
-)
-with torch.no_grad():
-    for n in (1, 8):
-        t, p = inputs(n)
-        for _ in range(5):
-            f(t, p)
-        torch.cuda.synchronize()
-        with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        ) as prof:
-            for _ in range(5):
-                f(t, p)
-            torch.cuda.synchronize()
-        tab = prof.key_averages().table(sort_by="count", row_limit=25)
-        (out / f"pw-{n}.txt").write_text(tab)
-        pass
-(out / "diag.json").write_text(json.dumps(res, indent=1))
-print("SUMMARY")
-[print(k, v) for k, v in res.items()]
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one go: GPU tests, the quickstart on real graphs, the
-# benchmark, a step profile. Full logs go to $1 (default $OUT or ./out); a short summary is
-# printed last. STAGES picks a subset (e.g. STAGES="tests quickstart") to fit a time limit.
+# benchmark, a step profile (and, when asked for, kernels_diag). Full logs go to $1 (default
+# $OUT or ./out); a short summary is printed last. STAGES picks a subset (e.g.
+# STAGES="tests quickstart") to fit a time limit.
 #   bash tests/gpu/run_all.sh "$OUT" [benchmark args, e.g. --quick]
 set -uo pipefail
 out="${1:-${OUT:-out}}"; shift || true
@@ -35,6 +36,8 @@ run profile profile.log python benchmarks/profile_step.py
 # FULL_AND_PIECEWISE first this time: its mixed batches ran 2x slower when profiled second
 run profile profile-mixed.log python benchmarks/profile_step.py \
   --modes FULL_AND_PIECEWISE PIECEWISE --tokens 64 --mixed
+# not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
+run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
 
 echo "== summary (commit $CGCOMPILE_COMMIT)"
 cat "$out/gpu.txt" "$out/summary.txt"
