@@ -171,6 +171,7 @@ def _cold_row(name: str, cold: dict[str, Any]) -> str:
     cells = [
         name,
         _num(cold.get("first_call_s"), ".1f"),
+        _num(cold.get("batch1_call_s"), ".1f"),
         _num(cold.get("capture_s"), ".2f"),
         f"{cold.get('capture_sizes', '–')} × {sweeps}" if sweeps else "no graphs",
         _num(cold.get("reserved_delta_mb"), ".0f"),
@@ -181,8 +182,9 @@ def _cold_row(name: str, cold: dict[str, Any]) -> str:
 
 def _cold_table(results: dict[str, Any]) -> list[str]:
     lines = [
-        "| config | first call s | capture s | sizes × sweeps | reserved Δ MiB | free Δ MiB |",
-        "|---|---:|---:|---|---:|---:|",
+        "| config | first call s | batch-1 call s | capture s | sizes × sweeps | reserved Δ MiB "
+        "| free Δ MiB |",
+        "|---|---:|---:|---:|---|---:|---:|",
     ]
     default = results.get("cold_start_default", {})
     if "capture_s" in default:
@@ -231,7 +233,9 @@ def markdown(results: dict[str, Any]) -> str:
         "cg/MODE/COMPILER = `torch.compile(model, backend='cudagraph_modes', options=...)`; "
         "decode workloads run under `batch_hint(uniform_decode=True)`, mixed ones under False.",
         "",
-        "## Cold start (first call = Dynamo + compile; capture = one call per capture size)",
+        "## Cold start (first call = Dynamo + compile; batch-1 call = the same for batch 1, "
+        "which gets its own graph with the default backed batch; capture = one call per "
+        "capture size, or `capture_all()`)",
         "",
         *_cold_table(results),
         "",
