@@ -71,7 +71,8 @@ class InputPlan:
             i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and i not in user
         )
         ints = tuple(i for i, v in enumerate(values) if isinstance(v, torch.SymInt))
-        bounds = [_lower_bound(values[i].shape[0]) for i in batch_tensors if exprs]
+        dims = [values[i].shape[0] for i in batch_tensors]
+        bounds = [_lower_bound(d) for d in dims if isinstance(d, torch.SymInt)]
         return cls(
             exprs,
             size_indices,
