@@ -67,8 +67,11 @@ def time_steps(
     }
 
 
-def gpu_time_per_step_ms(step: Step, device: torch.device, steps: int) -> dict[str, float]:
-    """GPU time per step recorded by torch.profiler's CUDA activity (kernels, copies, sets)."""
+def gpu_time_per_step_ms(
+    step: Step, device: torch.device, steps: int, top: int = 0
+) -> dict[str, Any]:
+    """GPU time per step recorded by torch.profiler's CUDA activity (kernels, copies, sets);
+    `top` > 0 adds the `top` kernel names with the most time, in us per step."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -84,11 +87,18 @@ def gpu_time_per_step_ms(step: Step, device: torch.device, steps: int) -> dict[s
     kernels = [e for e in events if not e.name.startswith(("Memcpy", "Memset"))]
     total_us = sum(e.time_range.elapsed_us() for e in events)
     kernel_us = sum(e.time_range.elapsed_us() for e in kernels)
-    return {
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / steps
+    result: dict[str, Any] = {
         "median_ms": total_us / steps / 1e3,
         "kernels_only_ms": kernel_us / steps / 1e3,
         "kernels_per_step": len(kernels) / steps,
     }
+    if top:
+        ranked = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+        result["top_kernels_us"] = {name[:90]: round(us, 2) for name, us in ranked}
+    return result
 
 
 def memory_snapshot(device: torch.device) -> dict[str, int] | None:

@@ -2,12 +2,13 @@
 the GPU busy time and the number of kernels, on the benchmark model (CUDA only).
 
 Rows: the hand whole graph and hand piecewise step (static Inductor compiles, from the
-benchmark), and cgcompile FULL (default backed batch, unbacked batch, `compile_sizes`),
-PIECEWISE (default, module guards skipped) and FULL_AND_PIECEWISE, each at 1 and 8 decode tokens
-and 1024 mixed tokens. Every row runs in a fresh process and is timed before the profiler
-counts its kernels, so no row sees another's compiled code or a profiler's after-effects.
-`ms - gpu` is the time per step the GPU sat idle. `--trace` also writes Chrome traces of the
-hand graph and of FULL at 8 tokens, to see where that idle time falls.
+benchmark), and cgcompile FULL (default backed batch, unbacked batch, a size hint of 1024,
+`compile_sizes`), PIECEWISE (default, hint 1024, module guards skipped) and FULL_AND_PIECEWISE,
+each at 1, 8 and 256 decode tokens and 1024 mixed tokens. Every row runs in a fresh process and
+is timed before the profiler counts its kernels, so no row sees another's compiled code or a
+profiler's after-effects. `ms - gpu` is the time per step the GPU sat idle. diag.json also names
+each row's costliest kernels at 256 and 1024 tokens. `--trace` writes Chrome traces of the hand
+graph and of FULL at 8 tokens, to see where the idle time falls.
 
     python benchmarks/kernels_diag.py --out DIR [--rows FULL hand_full] [--trace]
 """
@@ -33,13 +34,15 @@ from benchmarks._hand_graphs import HandFullGraph, HandPiecewise  # noqa: E402
 from benchmarks._timing import gpu_time_per_step_ms, time_steps  # noqa: E402
 from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
 
-WORKLOADS = [(1, True), (8, True), (1024, False)]  # (tokens, uniform decode)
+WORKLOADS = [(1, True), (8, True), (256, True), (1024, False)]  # (tokens, uniform decode)
 SKIP_MODULE_GUARDS = {"guard_filter_fn": "skip_guard_on_all_nn_modules_unsafe"}
 ROWS: dict[str, dict[str, Any]] = {  # cgcompile rows: options, and the batch marking
     "FULL": {"cudagraph_mode": "FULL"},
     "FULL unbacked": {"cudagraph_mode": "FULL", "unbacked": True},
+    "FULL hint=1024": {"cudagraph_mode": "FULL", "hint": 1024},
     "FULL+sizes": {"cudagraph_mode": "FULL", "compile_sizes": [n for n, _ in WORKLOADS]},
     "PIECEWISE": {"cudagraph_mode": "PIECEWISE"},
+    "PIECEWISE hint=1024": {"cudagraph_mode": "PIECEWISE", "hint": 1024},
     "PIECEWISE skip-module-guards": {"cudagraph_mode": "PIECEWISE", **SKIP_MODULE_GUARDS},
     "FULL_AND_PIECEWISE": {"cudagraph_mode": "FULL_AND_PIECEWISE"},
 }
@@ -74,6 +77,7 @@ def step_maker(row: str, model: Llama) -> Callable[[int, bool], Step]:
         return lambda n, uniform: pieces.step_for(*inputs(n))
     options = dict(ROWS[row])
     unbacked = options.pop("unbacked", False)
+    hint = options.pop("hint", None)
     if "guard_filter_fn" in options:
         options["guard_filter_fn"] = getattr(torch.compiler, options["guard_filter_fn"])
     options["max_cudagraph_capture_size"] = 1024
@@ -81,7 +85,7 @@ def step_maker(row: str, model: Llama) -> Callable[[int, bool], Step]:
 
     def make(n: int, uniform: bool) -> Step:
         tokens, positions = inputs(n)
-        cgcompile.mark_dynamic_batch(tokens, positions, unbacked=unbacked)
+        cgcompile.mark_dynamic_batch(tokens, positions, unbacked=unbacked, hint=hint)
 
         def step() -> Any:
             with cgcompile.batch_hint(uniform_decode=uniform):
@@ -107,8 +111,9 @@ def run_row(row: str, out: Path, trace: bool) -> dict[str, Any]:
             timed = time_steps(step, device, warmup=3, repeats=10, steps=10)
             results[str(n)] = {"ms": timed["median_ms"], "host_ms": host_ms(step)}
         for n, step in steps.items():
-            gpu = gpu_time_per_step_ms(step, device, steps=5)
+            gpu = gpu_time_per_step_ms(step, device, steps=5, top=15 if n >= 256 else 0)
             results[str(n)] |= {"gpu_ms": gpu["median_ms"], "kernels": gpu["kernels_per_step"]}
+            results[str(n)]["top_kernels_us"] = gpu.get("top_kernels_us")
         if trace and row in TRACED:
             with torch.profiler.profile(
                 activities=[
@@ -151,6 +156,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for row, cells in table.items():
         for n, c in cells.items() if "error" not in cells else []:
+            c.pop("top_kernels_us", None)  # in diag.json
             idle = c["ms"] - c["gpu_ms"]
             print(
                 f"| {row} | {n} | {c['ms']:.3f} | {c['host_ms']:.3f} | {c['gpu_ms']:.3f} | "

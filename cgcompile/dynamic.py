@@ -15,6 +15,10 @@ does that and Dynamo breaks the graph at every attention call unless that kernel
     cgcompile.mark_dynamic_batch(tokens, positions)                 # fast kernels, 2 traces
     cgcompile.mark_dynamic_batch(tokens, positions, unbacked=True)  # one trace for 1..max
     logits = compiled(tokens, positions)
+
+`hint=N` makes N, not the first example's size, the size Inductor tunes the dynamic graph's
+kernels for (torch's `hint_override`); the guards still use the real sizes. A batch of 1 takes
+no hint: its graph is specialised to size 1 anyway (and Dynamo rejects a hint there).
 """
 
 from __future__ import annotations
@@ -28,12 +32,17 @@ _SHAPE_ID = "cgcompile_batch"
 _HAS_SHAPE_ID = "shape_id" in inspect.signature(mark_unbacked).parameters
 
 
-def mark_dynamic_batch(*tensors: torch.Tensor, dim: int = 0, unbacked: bool = False) -> None:
+def mark_dynamic_batch(
+    *tensors: torch.Tensor, dim: int = 0, unbacked: bool = False, hint: int | None = None
+) -> None:
     """Mark `dim` of every tensor as the shared dynamic batch dim (call on each new input)."""
+    if hint is not None and (not isinstance(hint, int) or hint < 1):
+        raise ValueError(f"mark_dynamic_batch: hint must be a positive int, got {hint!r}")
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"mark_dynamic_batch takes tensors, got {type(t).__name__}")
         if unbacked and _HAS_SHAPE_ID:
-            mark_unbacked(t, dim, shape_id=_SHAPE_ID)
+            mark_unbacked(t, dim, hint_override=hint, shape_id=_SHAPE_ID)
         else:
-            torch._dynamo.mark_dynamic(t, dim)
+            # a size-1 dim is specialised anyway; a hint on it trips Dynamo's guard check
+            torch._dynamo.mark_dynamic(t, dim, hint_override=hint if t.shape[dim] != 1 else None)

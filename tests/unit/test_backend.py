@@ -361,6 +361,24 @@ def test_backed_batch_marking_traces_batch_one_separately():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # batch 1 specialises
 
 
+def test_batch_hint_reaches_the_shape_env_and_batch_one_still_runs():
+    hints: list[dict] = []
+
+    def spy(gm, example_inputs):
+        fake_mode = torch._guards.detect_fake_mode(example_inputs)
+        hints.append(dict(fake_mode.shape_env.var_to_hint_override) if fake_mode else {})
+        return gm.forward
+
+    f = torch.compile(lambda x: (x * 2).sum(-1), backend=spy)
+    for n in (3, 1, 5):
+        x = torch.randn(n, 4)
+        cgcompile.mark_dynamic_batch(x, hint=512)
+        torch.testing.assert_close(f(x), (x * 2).sum(-1))
+    assert [sorted(h.values()) for h in hints] == [[512], []]  # batch 1: own graph, no hint
+    with pytest.raises(ValueError, match="hint must be a positive int"):
+        cgcompile.mark_dynamic_batch(torch.randn(2), hint=0)
+
+
 def test_backed_batch_graph_captures_no_size_it_cannot_run():
     """Batch 1 has its own graph, so the batch >= 2 graph must not record size-1 graphs."""
     f = compile_fn(
