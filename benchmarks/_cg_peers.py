@@ -45,17 +45,20 @@ def cg_backend() -> str | Callable[..., Any]:
 class CGCompileRun:
     """One torch.compile of the model with backend="cudagraph_modes" and its marked inputs."""
 
-    def __init__(self, bench: Bench, options: dict[str, Any] | None) -> None:
+    def __init__(
+        self, bench: Bench, options: dict[str, Any] | None, hint: int | None = None
+    ) -> None:
         import cgcompile
 
         self.cg = cgcompile
         self.bench = bench
+        self.hint = hint
         self.compiled = torch.compile(bench.model, backend=cg_backend(), options=options)
 
     def inputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh inputs with the batch dim marked dynamic (done for every new tensor)."""
         tokens, positions = self.bench.inputs(n)
-        self.cg.mark_dynamic_batch(tokens, positions)
+        self.cg.mark_dynamic_batch(tokens, positions, hint=self.hint)
         return tokens, positions
 
     def call(self, tokens: torch.Tensor, positions: torch.Tensor, uniform: bool = False) -> Any:
@@ -71,12 +74,13 @@ class CGCompileRun:
 
 
 def run_cgcompile(
-    bench: Bench, mode: str, compiler: str, skip_module_guards: bool = False
+    bench: Bench, mode: str, compiler: str, skip_module_guards: bool = False, hint: bool = False
 ) -> Results:
     """One cgcompile peer; `skip_module_guards` passes torch's
     `guard_filter_fn=torch.compiler.skip_guard_on_all_nn_modules_unsafe` (Dynamo then checks
     sizes, inputs and global state per call, not the ~1800 guards on the module and its
-    parameters), which shows how much of a step is Dynamo's guard check."""
+    parameters), which shows how much of a step is Dynamo's guard check. `hint` marks the batch
+    with `hint=` the largest capture size, so Inductor tunes the dynamic graph for it."""
     options: dict[str, Any] = {
         "cudagraph_mode": mode,
         "compiler": compiler,
@@ -87,7 +91,11 @@ def run_cgcompile(
         name += "/skip-module-guards"
         options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     described = {k: getattr(v, "__name__", v) for k, v in options.items()}
-    run = CGCompileRun(bench, options)  # torch.compile pops guard_filter_fn out of options
+    if hint:
+        name += "/hint"
+        described["mark_dynamic_batch(hint=)"] = bench.s.max_capture_size
+    # torch.compile pops guard_filter_fn out of options
+    run = CGCompileRun(bench, options, hint=bench.s.max_capture_size if hint else None)
     cold = run.cold_start(capture_sizes(bench.s.max_capture_size), SWEEP_HINTS[mode])
     result = {"options": described, "cold_start": cold, **bench.measure(run.make_step)}
     return {name: result}

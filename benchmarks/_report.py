@@ -14,6 +14,7 @@ PIECEWISE = "cg/PIECEWISE/inductor"
 FULL_AND_PIECEWISE = "cg/FULL_AND_PIECEWISE/inductor"
 CAPTURE_LIMIT_S = 15.0
 SKIP_GUARDS = "/skip-module-guards"
+HINT = "/hint"  # the batch marked with hint= the largest capture size
 PAIRS = [  # (name, peer, base): the per-workload ratios the analysis reads
     ("FULL / hand_full_graph", FULL, "hand_full_graph"),
     ("FULL / reduce_overhead", FULL, "reduce_overhead"),
@@ -29,6 +30,10 @@ PAIRS = [  # (name, peer, base): the per-workload ratios the analysis reads
         "hand_piecewise",
     ),
     ("FULL, module guards skipped / hand_full_graph", FULL + SKIP_GUARDS, "hand_full_graph"),
+    ("FULL, batch hint / hand_full_graph", FULL + HINT, "hand_full_graph"),
+    ("FULL, batch hint / reduce_overhead", FULL + HINT, "reduce_overhead"),
+    ("PIECEWISE, batch hint / hand_piecewise", PIECEWISE + HINT, "hand_piecewise"),
+    ("FULL_AND_PIECEWISE, batch hint / FULL, batch hint", FULL_AND_PIECEWISE + HINT, FULL + HINT),
 ]
 
 

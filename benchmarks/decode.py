@@ -179,6 +179,10 @@ def jobs(bench: Bench) -> list[tuple[tuple[str, ...], Callable[[], Results]]]:
         for mode in [m for m in ("PIECEWISE", "FULL") if m in bench.s.modes]:
             job = lambda m=mode: run_cgcompile(bench, m, "inductor", skip_module_guards=True)  # noqa: E731
             listed.append(((f"cg/{mode}/inductor/skip-module-guards",), job))
+    for mode in [m for m in ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE") if m in bench.s.modes]:
+        if "inductor" in bench.s.compilers:
+            job = lambda m=mode: run_cgcompile(bench, m, "inductor", hint=True)  # noqa: E731
+            listed.append(((f"cg/{mode}/inductor/hint",), job))
     listed.append((("kernel_floor",), lambda: run_kernel_floor(bench)))
     return listed
 
