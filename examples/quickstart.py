@@ -26,14 +26,19 @@ SIZES = (1, 3, 8, 17, 600)
 
 def run_mode(model: Llama, mode: str, device: str, runtime: str) -> bool:
     torch._dynamo.reset()
-    options = {"cudagraph_mode": mode, "graph_runtime": runtime, "max_cudagraph_capture_size": 32}
+    max_size = 32
+    options = {
+        "cudagraph_mode": mode,
+        "graph_runtime": runtime,
+        "max_cudagraph_capture_size": max_size,
+    }
     compiled = torch.compile(model, backend="cudagraph_modes", options=options)
     before = cgcompile.counters.snapshot()
     ok = True
     for n in SIZES:
         for uniform in (True, False):
             tokens, positions = make_inputs(model.cfg, n, device)
-            cgcompile.mark_dynamic_batch(tokens, positions)
+            cgcompile.mark_dynamic_batch(tokens, positions, hint=max_size)  # tune kernels for it
             with torch.no_grad(), cgcompile.batch_hint(uniform_decode=uniform):
                 got = compiled(tokens, positions).clone()
                 want = model(tokens, positions)

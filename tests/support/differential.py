@@ -1,6 +1,7 @@
 """The differential check shared by CPU and GPU tests: the tiny Llama through the backend on a
 random batch sequence, every output against eager, and the number of Dynamo traces: one with an
-unbacked batch, two with the default backed one (batch 1 is traced on its own)."""
+unbacked batch, two with the default backed one (batch 1 is traced on its own), also when the
+backed batch carries a size hint."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def check_llama_matches_eager(
     tol: float = 1e-4,
     calls: int = 10,
     unbacked: bool = True,
+    hint: int | None = None,
 ) -> None:
     """Assert max|compiled - eager| / max|eager| <= tol on every call, and the trace count."""
     torch.manual_seed(0)
@@ -41,7 +43,7 @@ def check_llama_matches_eager(
     before = cgcompile.counters.num_graphs_seen
     for n in [8, 1] + [rng.choice(SIZES) for _ in range(calls)]:
         tokens, positions = make_inputs(model.cfg, n, device)
-        cgcompile.mark_dynamic_batch(tokens, positions, unbacked=unbacked)
+        cgcompile.mark_dynamic_batch(tokens, positions, unbacked=unbacked, hint=hint)
         with cgcompile.batch_hint(uniform_decode=rng.random() < 0.5), torch.no_grad():
             got = f(tokens, positions).float()
             want = model(tokens, positions).float()

@@ -129,12 +129,17 @@ def test_nested_none_mode_captures_nothing():
     assert full.num_captures == 0 and all(p.num_captures == 0 for p in pieces)
 
 
-@pytest.mark.parametrize("batch", ["unbacked", "backed"])
+@pytest.mark.parametrize("batch", ["unbacked", "backed", "backed-hint"])
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 @pytest.mark.parametrize("mode", MODES)
 def test_differential_llama_matches_eager(mode, compiler, batch):
     check_llama_matches_eager(
-        mode, compiler, device="cpu", graph_runtime="simulated", unbacked=batch == "unbacked"
+        mode,
+        compiler,
+        device="cpu",
+        graph_runtime="simulated",
+        unbacked=batch == "unbacked",
+        hint=8 if batch == "backed-hint" else None,  # the largest capture size
     )
 
 
