@@ -380,8 +380,17 @@ def test_batch_hint_reaches_the_shape_env_and_batch_one_still_runs():
         cgcompile.mark_dynamic_batch(x, hint=512)
         torch.testing.assert_close(f(x), (x * 2).sum(-1))
     assert [sorted(h.values()) for h in hints] == [[512], []]  # batch 1: own graph, no hint
-    with pytest.raises(ValueError, match="hint must be a positive int"):
-        cgcompile.mark_dynamic_batch(torch.randn(2), hint=0)
+    torch._dynamo.reset()
+    hints.clear()
+    for n in (1, 3):  # unbacked: one graph for every size, batch 1 included, hinted
+        x = torch.randn(n, 4)
+        cgcompile.mark_dynamic_batch(x, hint=512, unbacked=True)
+        torch.testing.assert_close(f(x), (x * 2).sum(-1))
+    if cgcompile.dynamic._HAS_SHAPE_ID:
+        assert [sorted(h.values()) for h in hints] == [[512]]
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="hint must be a positive int"):
+            cgcompile.mark_dynamic_batch(torch.randn(2), hint=bad)
 
 
 def test_backed_batch_graph_captures_no_size_it_cannot_run():
