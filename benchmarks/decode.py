@@ -255,6 +255,7 @@ def metadata(s: Settings, model: Llama) -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": os.environ.get("CGCOMPILE_COMMIT", "unknown"),
+        "tree_digest": os.environ.get("CGCOMPILE_TREE", "unknown"),  # tests/gpu/tree_digest.sh
         "device": torch.cuda.get_device_name(s.device) if cuda else platform.processor() or "cpu",
         "device_type": s.device.type,
         "torch": torch.__version__,

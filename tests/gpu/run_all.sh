@@ -17,6 +17,8 @@ python -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log
 python -c "import torch; torch._dynamo.lookup_backend('cudagraph_modes')" >> "$out/install.log" 2>&1 ||
   echo "backend 'cudagraph_modes' not registered: see install.log" >> "$out/summary.txt"
 export CGCOMPILE_COMMIT="${CGCOMPILE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+# the files themselves: a copied checkout's git metadata can be older than its files
+export CGCOMPILE_TREE="$(bash tests/gpu/tree_digest.sh)"
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/cgcompile-inductor-cache}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 python -c "import torch; print(torch.__version__, torch.version.cuda)" >> "$out/gpu.txt" 2>&1
@@ -39,7 +41,7 @@ run profile profile-mixed.log python benchmarks/profile_step.py \
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
 
-echo "== summary (commit $CGCOMPILE_COMMIT)"
+echo "== summary (commit $CGCOMPILE_COMMIT, tree digest $CGCOMPILE_TREE)"
 cat "$out/gpu.txt" "$out/summary.txt"
 grep -hE "^(FAILED|ERROR)" "$out/gpu-tests.log" 2>/dev/null | head -20
 [ -f "$out/benchmark.log" ] && tail -n 12 "$out/benchmark.log"
