@@ -87,15 +87,15 @@ def gpu_time_per_step_ms(
     kernels = [e for e in events if not e.name.startswith(("Memcpy", "Memset"))]
     total_us = sum(e.time_range.elapsed_us() for e in events)
     kernel_us = sum(e.time_range.elapsed_us() for e in kernels)
-    by_name: dict[str, float] = {}
-    for e in kernels:
-        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / steps
     result: dict[str, Any] = {
         "median_ms": total_us / steps / 1e3,
         "kernels_only_ms": kernel_us / steps / 1e3,
         "kernels_per_step": len(kernels) / steps,
     }
     if top:
+        by_name: dict[str, float] = {}
+        for e in kernels:
+            by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / steps
         ranked = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
         result["top_kernels_us"] = {name[:90]: round(us, 2) for name, us in ranked}
     return result
