@@ -36,18 +36,37 @@ import torch
 from torch._dynamo.decorators import mark_unbacked
 
 _SHAPE_ID = "cgcompile_batch"
+PAD_ATTRIBUTE = "_cgcompile_pad_value"
+"""The tensor attribute `pad_value=` sets; the backend reads it from a graph's example inputs."""
 _HAS_SHAPE_ID = "shape_id" in inspect.signature(mark_unbacked).parameters
 
 
 def mark_dynamic_batch(
-    *tensors: torch.Tensor, dim: int = 0, unbacked: bool = False, hint: int | None = None
+    *tensors: torch.Tensor,
+    dim: int = 0,
+    unbacked: bool = False,
+    hint: int | None = None,
+    pad_value: float | None = None,
 ) -> None:
-    """Mark `dim` of every tensor as the shared dynamic batch dim (call on each new input)."""
+    """Mark `dim` of every tensor as the shared dynamic batch dim (call on each new input).
+
+    `pad_value`: what the padded rows of these tensors hold when a batch is padded to a
+    capture size (default 0), e.g. the index of a reserved trash slot for a slot mapping, so
+    padded rows write their KV-cache entries where no real row reads. It is read when the graph
+    compiles and used on every call and by `capture_all()`.
+    """
     if hint is not None and (isinstance(hint, bool) or not isinstance(hint, int) or hint < 1):
         raise ValueError(f"mark_dynamic_batch: hint must be a positive int, got {hint!r}")
+    if pad_value is not None and not isinstance(pad_value, (int, float)):
+        raise TypeError(
+            f"mark_dynamic_batch: pad_value must be a number (what padded rows hold), got "
+            f"{type(pad_value).__name__} {pad_value!r}; e.g. pad_value=-1"
+        )
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"mark_dynamic_batch takes tensors, got {type(t).__name__}")
+        if pad_value is not None:
+            setattr(t, PAD_ATTRIBUTE, pad_value)
         if unbacked and _HAS_SHAPE_ID:
             mark_unbacked(t, dim, hint_override=hint, shape_id=_SHAPE_ID)
         else:

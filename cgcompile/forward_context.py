@@ -48,6 +48,9 @@ class ForwardContext:
     """The graph's dynamic sizes for this call, set by automatic dispatch: every wrapper of one
     forward then keys on the same sizes, so a forward either captures all its pieces or
     replays all of them. None: each wrapper keys on its own int args."""
+    capture_only: bool = False
+    """Record graphs without running anything (`capture_all`): wrappers capture unseen keys
+    without warm-up or replay and return uncomputed outputs."""
     graph_key: tuple[BatchDescriptor | None, tuple[int, ...]] | None = dataclasses.field(
         init=False, repr=False, compare=False
     )
@@ -81,6 +84,7 @@ def set_forward_context(
     batch_descriptor: BatchDescriptor | None = None,
     num_tokens: int | None = None,
     shape_key: tuple[int, ...] | None = None,
+    capture_only: bool = False,
 ) -> Iterator[ForwardContext]:
     """Publish the runtime mode and batch key for the enclosed forward; restores on exit.
 
@@ -88,7 +92,7 @@ def set_forward_context(
     """
     if batch_descriptor is None and num_tokens is not None:
         batch_descriptor = BatchDescriptor(num_tokens)
-    ctx = ForwardContext(cudagraph_runtime_mode, batch_descriptor, shape_key)
+    ctx = ForwardContext(cudagraph_runtime_mode, batch_descriptor, shape_key, capture_only)
     token = _forward_context.set(ctx)
     try:
         yield ctx

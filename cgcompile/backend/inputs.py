@@ -1,13 +1,15 @@
-"""Where the batch lives in a graph's inputs and outputs, and the buffers that pin them.
+"""Where the batch lives in a graph's inputs and outputs, and which inputs the graph writes.
 
 `InputPlan.from_graph` reads Dynamo's placeholders once. Dim 0 of every user tensor whose dim 0
-is dynamic is the batch (token) dim: those tensors are copied into static buffers and padded.
-Other user tensors are copied into same-shape buffers. Parameters, module buffers and
-`mark_static_address` tensors are never copied. `StaticInputs.fill` then gives every call the
-same addresses, which is what a replayed graph reads.
+is dynamic is the batch (token) dim: those tensors are copied into static buffers and padded
+(`static_inputs.StaticInputs`). Other user tensors are copied into same-shape buffers, except
+those the graph writes in place (`mutated`): they are used in place, like parameters, module
+buffers and `mark_static_address` tensors, which are never copied. A mutated batch tensor is
+copied in and its real rows copied back after the call. Padded rows hold each batch tensor's
+pad value (`mark_dynamic_batch(t, pad_value=...)`, read from the example inputs), else zero.
 
-    plan = InputPlan.from_graph(gm, example_inputs)
-    args = static.fill(args, n=5, padded=8)       # tensors now live in buf[:8], rows 5..7 zero
+    plan = InputPlan.from_graph(gm, example_inputs, mutated=find_mutated_inputs(gm, inputs))
+    plan.batch_tensors, plan.in_place, plan.state_names()
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 
 import torch
 from torch import fx
+
+from cgcompile.dynamic import PAD_ATTRIBUTE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +45,32 @@ class InputPlan:
     min_batch: int = 1
     """The smallest batch this graph's guards admit: 2 for a backed batch (Dynamo traces batch 1
     separately), so capture sizes below it would record graphs no call can reach."""
+    names: tuple[str, ...] = ()
+    """A readable name per placeholder: the user's expression (`x`, `self.cache`)."""
+    mutated: tuple[int, ...] = ()
+    """Placeholders the graph writes in place."""
+    in_place: tuple[int, ...] = ()
+    """Mutated user tensors that are not batch tensors: passed as they are, never copied."""
+    pad_values: tuple[tuple[int, Any], ...] = ()
+    """(position, value) of batch tensors with a declared pad value; others pad with zeros."""
+    batch_strided: tuple[int, ...] = ()
+    """Batch tensors whose strides depend on the batch size (batch dim not outermost)."""
+
+    @property
+    def copied_back(self) -> tuple[int, ...]:
+        """Mutated batch tensors: their real rows are copied back to the caller's tensor."""
+        return tuple(i for i in self.batch_tensors if i in self.mutated)
+
+    def state_names(self) -> list[str]:
+        """Names of the persistent tensors the graph writes: parameters, buffers, static-address
+        and in-place user tensors (what padded rows could write where eager would not)."""
+        persistent = set(self.static_tensors) | set(self.in_place)
+        return [self.names[i] for i in self.mutated if i in persistent]
 
     @classmethod
-    def from_graph(cls, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> InputPlan:
+    def from_graph(
+        cls, gm: fx.GraphModule, example_inputs: Sequence[Any], mutated: Sequence[int] = ()
+    ) -> InputPlan:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         values = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
         user = [
@@ -66,7 +93,8 @@ class InputPlan:
             batch_tensors = (user[0],)
         outputs = _output_values(gm)
         batch_outputs = tuple(i for i, v in enumerate(outputs) if _dim0_in(v, exprs))
-        copied = tuple(i for i in user if i not in batch_tensors)
+        in_place = tuple(i for i in user if i not in batch_tensors and i in mutated)
+        copied = tuple(i for i in user if i not in batch_tensors and i not in in_place)
         static = tuple(
             i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and i not in user
         )
@@ -83,6 +111,11 @@ class InputPlan:
             static,
             ints,
             max([1, *bounds]),
+            names=tuple(_name(node) for node in placeholders),
+            mutated=tuple(mutated),
+            in_place=in_place,
+            pad_values=_pad_values(batch_tensors, example_inputs),
+            batch_strided=tuple(i for i in batch_tensors if _strides_use(values[i], exprs)),
         )
 
     def batch_size(self, args: Sequence[Any]) -> int | None:
@@ -93,6 +126,28 @@ class InputPlan:
         if any(args[i].shape[0] != n for i in self.batch_tensors[1:]):
             return None
         return n
+
+
+def _name(node: fx.Node) -> str:
+    """`L['self'].cache` for a module buffer, `L['x']` for an argument: Dynamo's source name."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    if callable(name):  # a method before torch 2.13
+        name = name()
+    return name or node.name
+
+
+def _pad_values(batch_tensors: Sequence[int], example_inputs: Sequence[Any]) -> tuple[Any, ...]:
+    values = ((i, getattr(example_inputs[i], PAD_ATTRIBUTE, None)) for i in batch_tensors)
+    return tuple((i, v) for i, v in values if v is not None)
+
+
+def _strides_use(value: torch.Tensor, exprs: frozenset[Any]) -> bool:
+    """Whether a stride of the traced tensor involves a batch symbol (e.g. `x.t()`)."""
+    symbols = {s for e in exprs for s in getattr(e, "free_symbols", ())}
+    return any(
+        isinstance(s, torch.SymInt) and s.node.expr.free_symbols & symbols for s in value.stride()
+    )
 
 
 def _lower_bound(size: torch.SymInt) -> int:
@@ -127,53 +182,3 @@ def _output_values(gm: fx.GraphModule) -> list[Any]:
         a.meta.get("example_value", a.meta.get("val")) if isinstance(a, fx.Node) else a
         for a in flat
     ]
-
-
-class StaticInputs:
-    """Persistent buffers for a graph's user inputs, allocated on first use per shape."""
-
-    def __init__(self, plan: InputPlan, max_batch: int) -> None:
-        self.plan = plan
-        self.max_batch = max_batch
-        self.buffers: dict[tuple[Any, ...], torch.Tensor] = {}
-
-    def _buffer(self, index: int, like: torch.Tensor, rows: int | None) -> torch.Tensor:
-        shape = tuple(like.shape) if rows is None else (rows, *like.shape[1:])
-        key = (index, shape, like.dtype, like.device)
-        buf = self.buffers.get(key)
-        if buf is None:
-            buf = torch.zeros(shape, dtype=like.dtype, device=like.device)
-            self.buffers[key] = buf
-        return buf
-
-    def fill(self, args: Sequence[Any], n: int, padded: int) -> list[Any]:
-        """Copy user tensors into the static buffers; batch tensors padded to `padded` rows."""
-        out = list(args)
-        for i in self.plan.batch_tensors:
-            buf = self._buffer(i, args[i], max(self.max_batch, padded))
-            buf[:n].copy_(args[i])
-            if padded > n:
-                buf[n:padded].zero_()
-            out[i] = buf[:padded]
-        for i in self.plan.copied_tensors:
-            buf = self._buffer(i, args[i], None)
-            buf.copy_(args[i])
-            out[i] = buf
-        for i in self.plan.size_indices:
-            out[i] = padded
-        return out
-
-    def at_size(self, args: Sequence[Any], rows: int) -> list[Any]:
-        """Arguments for a run at `rows` rows on the static buffers, whatever they hold now;
-        `args` (any earlier call's) supply the layout, parameters and buffers."""
-        out = list(args)
-        for i in self.plan.batch_tensors:
-            out[i] = self._buffer(i, args[i], max(self.max_batch, rows))[:rows]
-        for i in self.plan.copied_tensors:
-            out[i] = self._buffer(i, args[i], None)
-        for i in self.plan.size_indices:
-            out[i] = rows
-        return out
-
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers.values())

@@ -1,6 +1,7 @@
 """From a Dynamo graph to a `CompiledGraph`: the backend's steps, in order.
 
-1. find the attention ops in the graph and the lowest CUDA-graph support among them;
+1. find the attention ops in the graph and the lowest CUDA-graph support among them, and the
+   inputs the graph writes in place (`passes.mutation`);
 2. resolve the requested mode against that support (`resolution`), logging every downgrade;
 3. split at the splitting ops (`passes.split`) if the mode has piecewise graphs; otherwise the
    whole graph is one piece, so Inductor can fuse across attention;
@@ -13,6 +14,7 @@ Counters are updated only once all steps succeeded: Dynamo may restart analysis 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -24,6 +26,7 @@ from torch import fx
 
 from cgcompile.attention import attention_ops, find_attention, is_split_at
 from cgcompile.backend.compiled_graph import CompiledGraph
+from cgcompile.backend.dry_run import shapes_only
 from cgcompile.backend.inputs import InputPlan
 from cgcompile.backend.piece_compiler import PieceRunner, compile_pieces, count_compilations
 from cgcompile.backend.report import GraphReport, PieceInfo
@@ -31,6 +34,7 @@ from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMod
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import ConfigError
+from cgcompile.passes.mutation import find_mutated_inputs
 from cgcompile.passes.op_match import OpMatcher
 from cgcompile.passes.split import SplitResult, split_graph
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
@@ -51,7 +55,7 @@ def compile_graph(
     support = config.attention_cg_support
     if support is None:  # NEVER is 0: test for None, not truthiness
         support = min(attention.values(), default=AttentionCGSupport.ALWAYS)
-    plan = InputPlan.from_graph(gm, example_inputs)
+    plan = InputPlan.from_graph(gm, example_inputs, find_mutated_inputs(gm, example_inputs))
     runtime_kind, device = _choose_runtime(config, example_inputs)
     resolution = resolve_cudagraph_mode(
         config.cudagraph_mode,
@@ -88,7 +92,9 @@ def compile_graph(
     report = _report(graph_id, config, resolution, attention, support, runtime_kind, split, runners)
     report.compile_seconds = time.perf_counter() - start
     _log_resolution(graph_id, resolution, attention, split)
-    return CompiledGraph(runnable, dispatcher, plan, report, wrappers, runtime)
+    return CompiledGraph(
+        runnable, dispatcher, plan, report, wrappers, runtime, functools.partial(shapes_only, split)
+    )
 
 
 def _choose_runtime(

@@ -75,9 +75,16 @@ class CUDAGraphRuntime:
         return self._reserved_bytes
 
     def capture(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        *,
+        weak_output: bool,
+        dry_run: bool = False,
     ) -> tuple[CapturedCUDAGraph, Any]:
-        """Record fn(*args) into a new graph in this runtime's pool (steps in the module doc)."""
+        """Record fn(*args) into a new graph in this runtime's pool (steps in the module doc).
+
+        Recording runs no kernel, so no tensor changes; `dry_run` changes nothing here."""
         graph = torch.cuda.CUDAGraph()
         reserved_before = torch.cuda.memory_reserved(self.device)
         gc_was_enabled = gc.isenabled()

@@ -55,11 +55,16 @@ class CUDAGraphWrapper:
     1. no forward context, or its runtime mode is NONE or another mode: call `runnable`;
     2. key = the context's `graph_key` (batch descriptor, the forward's dynamic sizes), built
        once per forward, else (batch descriptor, this call's int args);
-    3. unseen key: `_warmup` (num_warmups eager calls), `_capture` (copy args at
-       copy_arg_indices into static buffers, record input addresses, record the graph), then
-       `_replay` at once so this call returns computed values. A `CaptureError` is logged at
-       WARNING once per wrapper, counted, and the key runs eagerly from then on;
-    4. known key: on its first replay `_verify` that inputs sit where the graph reads them
+    3. unseen key: the first `num_warmups` calls of it are `_warmup` calls: they run `runnable`
+       and return its result (allocator growth, autotuning and lazy init happen there). The next
+       call `_capture`s (copy args at copy_arg_indices into static buffers, record input
+       addresses, record the graph) and `_replay`s at once. Capture runs nothing, so every call
+       runs the callable's work exactly once, as an eager call would. A `CaptureError` is
+       logged at WARNING once per wrapper, counted, and the key runs eagerly from then on;
+    4. the context's `capture_only` (set by `capture_all`): record an unseen key's graph without
+       warm-up or replay and return its uncomputed outputs (a known key returns its graph's
+       outputs, unreplayed); a `CaptureError` propagates and the key is left to lazy capture;
+    5. known key: on its first replay `_verify` that inputs sit where the graph reads them
        (raising `CaptureError` otherwise); then, inline on later calls: copy args into static
        buffers, replay, return the graph's output objects (overwritten by the next replay).
     """
@@ -94,6 +99,8 @@ class CUDAGraphWrapper:
         """Keys whose capture failed, with the reason; they run eagerly."""
         self.capture_seconds = 0.0
         """Total wall time spent in captures (warm-up runs excluded)."""
+        self.warmup_calls: dict[GraphKey, int] = {}
+        """Warm-up calls run so far per key not yet captured."""
         self._int_positions: tuple[int, ...] | None = None
         self._warned = False
 
@@ -111,14 +118,18 @@ class CUDAGraphWrapper:
             return self.runnable(*args)
         key = ctx.graph_key or self._key(ctx, args)
         entry = self.entries.get(key)
-        if entry is not None and entry.verified:  # the steady state: one frame per piece
+        if entry is not None and entry.verified and not ctx.capture_only:  # the steady state
             for i, buffer in entry.static_inputs:
                 if args[i] is not buffer:
                     buffer.copy_(args[i])
             return entry.graph.replay()
+        if ctx.capture_only:
+            return entry.graph.output if entry else self._capture(key, args, dry_run=True)[1]
         if entry is None:
             if key in self.failed_keys:
                 return self.runnable(*args)
+            if self.warmup_calls.get(key, 0) < self.num_warmups:
+                return self._warmup(key, args)
             return self._capture_and_replay(key, args)
         self._verify(entry, args)
         return self._replay(entry, args)
@@ -131,7 +142,6 @@ class CUDAGraphWrapper:
         return ctx.batch_descriptor, tuple([args[i] for i in self._int_positions])
 
     def _capture_and_replay(self, key: GraphKey, args: tuple[Any, ...]) -> Any:
-        self._warmup(args)
         try:
             entry, output = self._capture(key, args)
         except CaptureError as exc:
@@ -141,12 +151,15 @@ class CUDAGraphWrapper:
         # refs keep their pool blocks reserved while later pieces of this forward capture.
         return output
 
-    def _warmup(self, args: tuple[Any, ...]) -> None:
-        """Eager runs before capture: allocator growth, autotuning and lazy init happen here."""
-        for _ in range(self.num_warmups):
-            self.runnable(*args)
+    def _warmup(self, key: GraphKey, args: tuple[Any, ...]) -> Any:
+        """A call of a key not captured yet runs eagerly: allocator growth, autotuning and lazy
+        init happen outside the capture, and the call's result is the eager one."""
+        self.warmup_calls[key] = self.warmup_calls.get(key, 0) + 1
+        return self.runnable(*args)
 
-    def _capture(self, key: GraphKey, args: tuple[Any, ...]) -> tuple[GraphEntry, Any]:
+    def _capture(
+        self, key: GraphKey, args: tuple[Any, ...], dry_run: bool = False
+    ) -> tuple[GraphEntry, Any]:
         """Record the graph for `key`, reading copied args from buffers the entry owns."""
         static = self._static_buffers(args)
         capture_args = tuple(static.get(i, a) for i, a in enumerate(args))
@@ -157,13 +170,14 @@ class CUDAGraphWrapper:
         }
         start = time.perf_counter()
         graph, output = self.runtime.capture(
-            self.runnable, capture_args, weak_output=self.weak_output
+            self.runnable, capture_args, weak_output=self.weak_output, dry_run=dry_run
         )
         seconds = time.perf_counter() - start
         counters.num_cudagraph_captured += 1
         self.capture_seconds += seconds
         entry = GraphEntry(key, graph, layout, tuple(static.items()), seconds)
         self.entries[key] = entry
+        self.warmup_calls.pop(key, None)
         logger.debug(
             "%s: captured %s graph for %s in %.3f s", self.name, self.runtime.name, key, seconds
         )

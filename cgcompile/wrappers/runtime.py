@@ -7,7 +7,7 @@ CUDA graph for tests, `simulated.py`). The backend creates one runtime per compi
 wrapper of that model shares it, and so shares one memory pool.
 
     runtime = make_graph_runtime("simulated")
-    graph, output = runtime.capture(fn, (x,), weak_output=False)   # output: not yet computed
+    graph, output = runtime.capture(fn, (x,), weak_output=False, dry_run=False)  # not computed
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from cgcompile.wrappers.simulated import SimulatedGraphRuntime
 class CapturedGraph(Protocol):
     """One recorded graph; `replay` runs it and returns the captured output object."""
 
+    output: Any
+    """The tensors replays write (what `replay` returns)."""
+
     def replay(self) -> Any: ...
 
 
@@ -35,13 +38,14 @@ class GraphRuntime(Protocol):
     """"cuda" or "simulated"."""
 
     def capture(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool
+        self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool, dry_run: bool
     ) -> tuple[CapturedGraph, Any]:
-        """Record fn(*args); return (graph, output).
+        """Record fn(*args) without changing any tensor; return (graph, output).
 
         `output` is what the capture call produced: tensors at the addresses replays write to,
-        holding no computed values yet (callers must replay to get values). Capture failures
-        are raised as `CaptureError` with the reason.
+        holding no computed values yet (callers must replay to get values). `dry_run`: no
+        replay follows, the output only feeds other captures. Capture failures are raised as
+        `CaptureError` with the reason.
         """
         ...
 

@@ -14,9 +14,11 @@ What it cannot imitate: replay runs Python. Side effects outside tensor math hap
 replay (a counter inside an eager op of a simulated FULL graph moves; on a GPU it would not), and
 writes to state not passed as an arg (closures, globals) also happen at capture. Outputs that
 share storage with a tensor arg are not poisoned: on a GPU they show that arg's real data.
+Outputs whose elements share memory (expanded or overlapping views) are written storage-wide,
+as a graph's kernels wrote them.
 
     runtime = SimulatedGraphRuntime()
-    graph, out = runtime.capture(torch.sin, (x,), weak_output=False)  # out is NaN; replay fills it
+    graph, out = runtime.capture(torch.sin, (x,), weak_output=False)  # NaN until replay
 """
 
 from __future__ import annotations
@@ -54,10 +56,10 @@ class SimulatedGraph:
 
     def replay(self) -> Any:
         fresh = _tensor_leaves(self.fn(*self.args))
+        written: set[int] = set()
         with torch.no_grad():
             for target, result in zip(self._targets, fresh, strict=True):
-                if target is not result:
-                    target.copy_(result)
+                _write_into(target, result, written)
         return self.output
 
 
@@ -65,27 +67,77 @@ class SimulatedGraphRuntime:
     """The "simulated" `GraphRuntime`: CUDA-graph memory semantics on any device.
 
     Capture steps: snapshot the tensor args; run fn(*args); restore the args it wrote in place;
-    poison the outputs that do not share storage with an arg. `weak_output` changes nothing here
-    (there is no pool to give memory back to); outputs are always held strongly.
+    poison the outputs that do not share storage with an arg (not in a dry run, whose outputs
+    feed only later captures: those run fn too, and need valid values, e.g. indices).
+    `weak_output` changes nothing here (there is no pool to give memory back to); outputs are
+    always held strongly.
     """
 
     name = "simulated"
 
     def capture(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        *,
+        weak_output: bool,
+        dry_run: bool = False,
     ) -> tuple[SimulatedGraph, Any]:
         output = _run_without_arg_writes(fn, args)
-        arg_storages = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-        with torch.no_grad():
-            for t in _tensor_leaves(output):
-                value = poison_value(t.dtype)
-                if value is not None and t.untyped_storage().data_ptr() not in arg_storages:
-                    t.fill_(value)
+        if not dry_run:
+            _poison(output, {_storage_ptr(a) for a in args if isinstance(a, torch.Tensor)})
         return SimulatedGraph(fn, args, output), output
 
     def memory_bytes(self) -> int:
         """Always 0: simulated graphs own no device memory beyond their output tensors."""
         return 0
+
+
+def _poison(output: Any, arg_storages: set[int]) -> None:
+    """Fill each output storage that is not an arg's with `poison_value`: whole storages, so
+    outputs whose elements overlap (expanded views) are poisoned as well."""
+    done = set(arg_storages)
+    with torch.no_grad():
+        for t in _tensor_leaves(output):
+            value = poison_value(t.dtype)
+            if value is not None and _storage_ptr(t) not in done:
+                done.add(_storage_ptr(t))
+                _whole_storage(t).fill_(value)
+
+
+def _write_into(target: torch.Tensor, result: torch.Tensor, written: set[int]) -> None:
+    """What a replay leaves in `target`: `result`'s values, written as a graph would write them.
+
+    Outputs that share memory (views of one buffer, expanded or overlapping views) are written
+    storage by storage when both sides have the same layout; a storage is written once."""
+    if _storage_ptr(target) == _storage_ptr(result):
+        return  # the same memory: fn wrote the captured output itself (e.g. a view of an arg)
+    if _same_layout(target, result):
+        if _storage_ptr(target) not in written:
+            written.add(_storage_ptr(target))
+            _whole_storage(target).copy_(_whole_storage(result))
+        return
+    target.copy_(result)
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+        and a.untyped_storage().nbytes() == b.untyped_storage().nbytes()
+    )
+
+
+def _whole_storage(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D tensor of `t`'s dtype over all of `t`'s storage."""
+    n = t.untyped_storage().nbytes() // t.element_size()
+    return t.new_empty(0).set_(t.untyped_storage(), 0, (n,), (1,))
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 def _run_without_arg_writes(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:

@@ -58,3 +58,25 @@ def dyn(*tensors: torch.Tensor):
 
     cgcompile.mark_dynamic_batch(*tensors, unbacked=True)
     return tensors if len(tensors) > 1 else tensors[0]
+
+
+class CacheStep(nn.Module):
+    """A decode step that keeps state as real models do: it counts its calls in a buffer,
+    writes each row's key into a KV cache at the row's slot (slot `SLOTS` is a trash slot that
+    no row reads, for padded rows) and attends (SDPA) over the live slots. Rows are independent.
+    """
+
+    SLOTS = 16
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("cache", torch.zeros(self.SLOTS + 1, dim))
+
+    def forward(self, x: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        self.steps.add_(1)
+        k = self.proj(x)
+        self.cache.index_copy_(0, slot, k)
+        live = self.cache[None, : self.SLOTS]
+        return torch.nn.functional.scaled_dot_product_attention(k[None], live, live)[0]

@@ -39,6 +39,8 @@ class Affine:
 def wrap(
     fn: Callable[..., Any], mode: CUDAGraphMode = PIECEWISE, **kwargs: Any
 ) -> CUDAGraphWrapper:
+    """A wrapper on the simulated runtime; it captures on the first call unless told to warm up."""
+    kwargs.setdefault("num_warmups", 0)
     return CUDAGraphWrapper(fn, mode, make_graph_runtime("simulated"), name="toy", **kwargs)
 
 
@@ -69,13 +71,17 @@ def test_passes_through_when_mode_is_not_its_own(mode: CUDAGraphMode) -> None:
     assert wrapper.entries == {}
 
 
-def test_captures_on_first_sight_then_replays() -> None:
+def test_warmup_calls_run_eagerly_then_one_call_captures() -> None:
     fn = Affine()
     wrapper = wrap(fn, num_warmups=2)
     x = torch.arange(4.0)
+    with counters.expect(num_cudagraph_captured=0), in_mode(PIECEWISE):
+        outs = [wrapper(x).clone() for _ in range(2)]
+    assert fn.calls == 2 and wrapper.entries == {}
+    assert all(torch.equal(out, x * 2 + 1) for out in outs)
     with counters.expect(num_cudagraph_captured=1), in_mode(PIECEWISE):
         wrapper(x)
-    assert fn.calls == 2 + 1 + 1  # warmups + capture run + the replay of the first call
+    assert fn.calls == 2 + 1 + 1  # warm-ups + the simulated capture run + the replay
     with counters.expect(num_cudagraph_captured=0), in_mode(PIECEWISE):
         out = wrapper(x)
     assert fn.calls == 5  # a simulated replay re-runs fn (a CUDA replay would not)
@@ -83,6 +89,38 @@ def test_captures_on_first_sight_then_replays() -> None:
     assert wrapper.captured_keys() == [(BatchDescriptor(4), ())]
     assert wrapper.num_captures == 1
     assert wrapper.capture_seconds >= 0.0
+
+
+@pytest.mark.parametrize("num_warmups", [0, 1, 2])
+def test_every_call_writes_state_once(num_warmups: int) -> None:
+    def step(x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        state.add_(x)
+        return state * 1
+
+    wrapper = wrap(step, num_warmups=num_warmups)
+    x, state = torch.ones(4), torch.zeros(4)
+    with in_mode(PIECEWISE):
+        for calls in range(1, 6):
+            out = wrapper(x, state)
+            assert torch.equal(state, torch.full((4,), float(calls)))  # as `calls` eager calls
+            assert torch.equal(out, state)
+
+
+def test_capture_only_records_without_running() -> None:
+    def step(x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        state.add_(x)
+        return state + 1
+
+    wrapper = wrap(step, num_warmups=3)
+    x, state = torch.ones(4), torch.zeros(4)
+    with counters.expect(num_cudagraph_captured=1):
+        with set_forward_context(PIECEWISE, num_tokens=4, capture_only=True):
+            wrapper(x, state)
+            wrapper(x, state)  # a known key: its outputs, not replayed
+    assert torch.equal(state, torch.zeros(4))  # nothing ran
+    with counters.expect(num_cudagraph_captured=0), in_mode(PIECEWISE):
+        out = wrapper(x, state)  # replays at once: no warm-up left for a captured key
+    assert torch.equal(state, torch.ones(4)) and torch.equal(out, torch.full((4,), 2.0))
 
 
 def test_first_call_returns_computed_values() -> None:
@@ -115,6 +153,22 @@ def test_capture_does_not_apply_in_place_writes_to_args() -> None:
     assert out is x  # an output that is an arg keeps the arg's data, not poison
     graph.replay()
     assert torch.equal(x, torch.ones(2))
+
+
+def test_outputs_that_share_memory_replay_as_on_a_gpu() -> None:
+    def views(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        row = (t * 2).unsqueeze(0)
+        windows = (t + 1).as_strided((3, 2), (1, 1))  # overlapping windows of one buffer
+        return row.expand(3, 4), row[0, 1:], windows
+
+    x = torch.arange(4.0)
+    graph, out = SimulatedGraphRuntime().capture(views, (x,), weak_output=False)
+    assert all(o.isnan().all() for o in out)
+    for step in range(2):
+        x.add_(step)
+        result = graph.replay()
+        assert result is out
+        assert all(torch.equal(r, w) for r, w in zip(result, views(x), strict=True))
 
 
 def test_replay_keeps_structure_of_tuple_outputs() -> None:
@@ -216,7 +270,7 @@ class FailingRuntime:
 
     name = "failing"
 
-    def capture(self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool) -> Any:
+    def capture(self, fn: Callable[..., Any], args: tuple[Any, ...], **flags: bool) -> Any:
         raise CaptureError("this op cannot be captured")
 
     def memory_bytes(self) -> int:
@@ -225,7 +279,7 @@ class FailingRuntime:
 
 def test_capture_failure_runs_key_eagerly() -> None:
     fn = Affine()
-    wrapper = CUDAGraphWrapper(fn, PIECEWISE, FailingRuntime(), name="toy")
+    wrapper = CUDAGraphWrapper(fn, PIECEWISE, FailingRuntime(), name="toy", num_warmups=0)
     x = torch.arange(4.0)
     with in_mode(PIECEWISE):
         with counters.expect(num_capture_failures=1, num_cudagraph_captured=0):
@@ -233,13 +287,13 @@ def test_capture_failure_runs_key_eagerly() -> None:
         with counters.expect(num_capture_failures=0):
             later = wrapper(x)  # known failed key: eager, no new capture attempt
     assert torch.equal(out, x * 2 + 1) and torch.equal(later, x * 2 + 1)
-    assert fn.calls == 1 + 1 + 1  # warmup + eager fallback + later eager call
+    assert fn.calls == 1 + 1  # the failed key's eager fallback + the later eager call
     assert wrapper.failed_keys == {(BatchDescriptor(4), ()): "this op cannot be captured"}
     assert wrapper.entries == {}
 
 
 def test_capture_failure_warns_once_per_wrapper(caplog: pytest.LogCaptureFixture) -> None:
-    wrapper = CUDAGraphWrapper(Affine(), PIECEWISE, FailingRuntime(), name="toy")
+    wrapper = CUDAGraphWrapper(Affine(), PIECEWISE, FailingRuntime(), name="toy", num_warmups=0)
     x = torch.arange(8.0)
     with caplog.at_level(logging.WARNING, logger=WRAPPER_LOGGER):
         with counters.expect(num_capture_failures=2):  # two keys, each fails once

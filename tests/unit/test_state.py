@@ -1,0 +1,205 @@
+"""Every call leaves outputs and state exactly as one eager call would: counters and KV caches
+written inside the graph, user inputs written in place, padded rows, strided inputs."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+
+import pytest
+import torch
+
+import cgcompile
+from tests.support.models import MODES, CacheStep
+
+SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [1, 2, 4, 8]}
+SIZES = [3, 3, 5, 8, 2, 3, 7, 1, 3, 6]  # padded (3 -> 4, 5 -> 8, ...) and exact sizes, repeated
+
+
+def row_attention(h: torch.Tensor) -> torch.Tensor:
+    """SDPA with each row its own sequence (rows stay independent, as padding needs)."""
+    q = h.unsqueeze(1)
+    return torch.nn.functional.scaled_dot_product_attention(q, q.sin(), q.cos()).squeeze(1)
+
+
+def compile_model(model, mode, compiler="eager", **options):
+    options = {**SIM, "cudagraph_mode": mode, "compiler": compiler, **options}
+    return torch.compile(model, backend="cudagraph_modes", options=options)
+
+
+def step_inputs(n: int, rng: random.Random, pad_value: int | None = None):
+    x = torch.randn(n, 8)
+    slot = torch.tensor(rng.sample(range(CacheStep.SLOTS), n))
+    cgcompile.mark_dynamic_batch(x, slot)
+    if pad_value is not None:
+        cgcompile.mark_dynamic_batch(slot, pad_value=pad_value)
+    return x, slot
+
+
+def run_against_eager(mode, compiler="eager", pad_value=CacheStep.SLOTS, **options):
+    """The compiled CacheStep and an eager copy, called on the same batches; asserts outputs,
+    the step counter and the live cache slots after every call; returns both models."""
+    torch.manual_seed(0)
+    model = CacheStep()
+    eager = copy.deepcopy(model)
+    compiled = compile_model(model, mode, compiler, **options)
+    rng = random.Random(mode)
+    for calls, n in enumerate(SIZES, start=1):
+        x, slot = step_inputs(n, rng, pad_value)
+        with cgcompile.batch_hint(uniform_decode=rng.random() < 0.5), torch.no_grad():
+            got = compiled(x, slot).clone()
+            want = eager(x, slot)
+        torch.testing.assert_close(got, want)
+        assert int(model.steps) == calls  # one eager call's worth of state per call
+        torch.testing.assert_close(model.cache[:-1], eager.cache[:-1])
+    return model, eager
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+@pytest.mark.parametrize("mode", MODES)
+def test_state_advances_once_per_call(mode, compiler):
+    run_against_eager(mode, compiler)
+
+
+@pytest.mark.parametrize("num_warmups", [0, 2])
+def test_state_advances_once_per_call_with_any_warmups(num_warmups):
+    run_against_eager("FULL_AND_PIECEWISE", num_warmups=num_warmups)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_static_address_counter_reads_n_after_n_calls(mode):
+    def step(x: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+        counter.add_(1)
+        return row_attention(x * 2)
+
+    counter = torch.zeros((), dtype=torch.long)
+    torch._dynamo.mark_static_address(counter)
+    compiled = compile_model(step, mode)
+    for calls, n in enumerate(SIZES, start=1):
+        x = torch.randn(n, 4)
+        cgcompile.mark_dynamic_batch(x)
+        torch.testing.assert_close(compiled(x, counter), step(x, torch.zeros(())))
+        assert int(counter) == calls
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_capture_all_changes_no_state(mode):
+    model, _ = run_against_eager(mode)
+    state = {name: t.clone() for name, t in model.state_dict().items()}
+    cgcompile.capture_all(progress=False)
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, state[name]), f"capture_all changed {name}"
+
+
+def test_capture_all_then_calls_match_eager():
+    torch.manual_seed(0)
+    model = CacheStep()
+    eager = copy.deepcopy(model)
+    compiled = compile_model(model, "FULL_AND_PIECEWISE")
+    rng = random.Random(1)
+    with torch.no_grad():
+        x, slot = step_inputs(3, rng, CacheStep.SLOTS)
+        compiled(x, slot), eager(x, slot)
+        # sizes 2, 4, 8 (a backed batch: size 1 is another graph) x (1 piece + 1 full graph)
+        with cgcompile.counters.expect(num_cudagraph_captured=3 * 2):
+            cgcompile.capture_all(progress=False)
+        sizes = [n for n in SIZES if n > 1]
+        for i, n in enumerate(sizes):
+            x, slot = step_inputs(n, rng, CacheStep.SLOTS)
+            with cgcompile.counters.expect(num_cudagraph_captured=0):
+                with cgcompile.batch_hint(uniform_decode=i % 2 == 0):
+                    got = compiled(x, slot).clone()
+            torch.testing.assert_close(got, eager(x, slot))
+    torch.testing.assert_close(model.cache[:-1], eager.cache[:-1])
+    assert int(model.steps) == len(sizes) + 1
+
+
+def mutating_step(x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """Writes a batch input (x) and a non-batch input (state) in place."""
+    out = row_attention(x)
+    state.add_(out[0])
+    x.mul_(2)
+    return out + state
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+@pytest.mark.parametrize("mode", MODES)
+def test_mutated_user_inputs_equal_eager(mode, compiler):
+    compiled = compile_model(mutating_step, mode, compiler)
+    state, eager_state = torch.zeros(4), torch.zeros(4)
+    for n in SIZES:
+        x = torch.randn(n, 4)
+        eager_x = x.clone()
+        cgcompile.mark_dynamic_batch(x)
+        with torch.no_grad():
+            got = compiled(x, state).clone()
+            want = mutating_step(eager_x, eager_state)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x, eager_x)
+        torch.testing.assert_close(state, eager_state)
+
+
+def test_mutated_input_at_a_new_address_runs_without_graphs(caplog):
+    compiled = compile_model(mutating_step, "FULL_AND_PIECEWISE")
+    states = [torch.zeros(4), torch.zeros(4)]
+    eager_states = [torch.zeros(4), torch.zeros(4)]
+    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
+        for i, n in enumerate(SIZES):
+            x = torch.randn(n, 4)
+            eager_x = x.clone()
+            cgcompile.mark_dynamic_batch(x)
+            torch.testing.assert_close(
+                compiled(x, states[i % 2]), mutating_step(eager_x, eager_states[i % 2])
+            )
+    torch.testing.assert_close(states, eager_states)
+    moved = [m for m in caplog.messages if "not the tensor of the first" in m]
+    assert len(moved) == 1 and "L['state']" in moved[0]
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
+def test_padding_without_pad_value_warns_naming_input_and_state(mode, caplog):
+    torch.manual_seed(0)
+    compiled = compile_model(CacheStep(), mode)
+    rng = random.Random(0)
+    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
+        for n in (4, 3, 3):
+            compiled(*step_inputs(n, rng))
+    warnings = [r.getMessage() for r in caplog.records if "pad_value" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "L['slot']" in warnings[0] and "L['self']._buffers['cache']" in warnings[0]
+
+
+def test_padding_with_pad_value_does_not_warn(caplog):
+    with caplog.at_level(logging.WARNING, logger="cgcompile"):
+        run_against_eager("FULL_AND_PIECEWISE")
+    assert "pad_value" not in caplog.text
+
+
+def test_pad_value_must_be_a_number():
+    with pytest.raises(TypeError, match="pad_value must be a number"):
+        cgcompile.mark_dynamic_batch(torch.zeros(2), pad_value=torch.tensor(1))
+
+
+LAYOUTS = {
+    "transposed": lambda n: torch.randn(8, n).t(),
+    "sliced": lambda n: torch.randn(n, 16)[:, ::2],
+    "expanded": lambda n: torch.randn(1, 8).expand(n, 8),
+    "channels_last": lambda n: torch.randn(n, 2, 2, 2).to(memory_format=torch.channels_last),
+}
+
+
+def layout_model(x: torch.Tensor) -> torch.Tensor:
+    h = x.reshape(x.shape[0], -1) * 2 + 1
+    return row_attention(h) - h
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+@pytest.mark.parametrize("mode", MODES)
+def test_strided_inputs_equal_eager(mode, compiler, layout):
+    compiled = compile_model(layout_model, mode, compiler)
+    for n in SIZES:
+        x = LAYOUTS[layout](n)
+        cgcompile.mark_dynamic_batch(x)
+        torch.testing.assert_close(compiled(x), layout_model(x))
