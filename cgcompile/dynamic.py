@@ -31,9 +31,13 @@ rejects a hinted size 1).
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 from torch._dynamo.decorators import mark_unbacked
+
+from cgcompile.errors import ConfigError, ConfigTypeError
+from cgcompile.options import MAX_CAPTURE_SIZE, as_bool, as_index, show
 
 _SHAPE_ID = "cgcompile_batch"
 _HAS_SHAPE_ID = "shape_id" in inspect.signature(mark_unbacked).parameters
@@ -42,14 +46,63 @@ _HAS_SHAPE_ID = "shape_id" in inspect.signature(mark_unbacked).parameters
 def mark_dynamic_batch(
     *tensors: torch.Tensor, dim: int = 0, unbacked: bool = False, hint: int | None = None
 ) -> None:
-    """Mark `dim` of every tensor as the shared dynamic batch dim (call on each new input)."""
-    if hint is not None and (isinstance(hint, bool) or not isinstance(hint, int) or hint < 1):
-        raise ValueError(f"mark_dynamic_batch: hint must be a positive int, got {hint!r}")
+    """Mark `dim` of every tensor as the shared dynamic batch dim (call on each new input).
+
+    `tensors`: the model's batch inputs (tokens, positions, ...), all with the same size along
+    `dim`. `dim`: the batch (token) dim, 0 by default; the backend treats dim 0 as the batch.
+    `unbacked`: one trace for every size, batch 1 included, at some kernel speed (see above);
+    False: batches >= 2 share a trace and batch 1 gets its own. `hint`: the size Inductor tunes
+    the dynamic graph's kernels for; pass your largest capture size. Bad arguments raise a
+    `ConfigError` before any tensor is marked.
+    """
+    dim, hint = _check_batch_args(tensors, dim, unbacked, hint)
     for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"mark_dynamic_batch takes tensors, got {type(t).__name__}")
         if unbacked and _HAS_SHAPE_ID:
             mark_unbacked(t, dim, hint_override=hint, shape_id=_SHAPE_ID)
         else:
             # a size-1 dim is specialised anyway; a hint on it trips Dynamo's guard check
             torch._dynamo.mark_dynamic(t, dim, hint_override=hint if t.shape[dim] != 1 else None)
+
+
+def _check_batch_args(
+    tensors: tuple[Any, ...], dim: Any, unbacked: Any, hint: Any
+) -> tuple[int, int | None]:
+    """(dim, hint) as ints, or a `ConfigError` naming the bad argument and what to pass."""
+    index = _as_count("dim", dim, 0, None, "e.g. dim=0")
+    _check_tensors(tensors, index)
+    as_bool("mark_dynamic_batch: unbacked", unbacked)
+    if hint is None:
+        return index, None
+    return index, _as_count(
+        "hint", hint, 1, MAX_CAPTURE_SIZE, "e.g. your largest capture size, hint=512"
+    )
+
+
+def _as_count(key: str, value: Any, minimum: int, maximum: int | None, fix: str) -> int:
+    n = as_index(value)
+    if n is not None and n >= minimum and (maximum is None or n <= maximum):
+        return n
+    error = ConfigTypeError if n is None else ConfigError
+    bound = f"an int >= {minimum}" if minimum == 0 else "a positive int"
+    bound += f" <= {maximum}" if maximum else ""
+    raise error(f"mark_dynamic_batch: {key} must be {bound}, got {show(value)}; {fix}")
+
+
+def _check_tensors(tensors: tuple[Any, ...], dim: int) -> None:
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise ConfigTypeError(
+                f"mark_dynamic_batch takes tensors, got {type(t).__name__} as argument {i}; "
+                f"pass the model's batch inputs, e.g. mark_dynamic_batch(tokens, positions)"
+            )
+        if dim >= t.dim():
+            raise ConfigError(
+                f"mark_dynamic_batch: tensor {i} of shape {tuple(t.shape)} has no dim {dim}; "
+                f"mark only tensors that have the batch dim (0-d tensors have none)"
+            )
+    if len({t.shape[dim] for t in tensors}) > 1:
+        raise ConfigError(
+            f"mark_dynamic_batch: the tensors disagree on the batch size (dim {dim}): shapes "
+            f"{[tuple(t.shape) for t in tensors]}; mark only tensors whose dim {dim} is the "
+            f"batch, all with the same size"
+        )
