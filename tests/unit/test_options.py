@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import cgcompile
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.errors import CGCompileError, ConfigError, ConfigTypeError
 from cgcompile.options import MAX_CAPTURE_SIZE
+from tests.support.models import silly_closed_form, silly_model
 
 
 def _error(options: object, error: type[ConfigError] = ConfigError) -> str:
@@ -276,3 +278,35 @@ def test_any_constructor_fields_give_a_config_or_our_error(fields: dict) -> None
     except CGCompileError:
         return
     assert dataclasses.replace(config) == config
+
+
+# ---- splitting ops that name nothing torch knows are warned about at compile time ------------
+
+
+def _compile_and_run(splitting_ops: list[str], caplog: pytest.LogCaptureFixture) -> str:
+    f = torch.compile(
+        silly_model,
+        backend="cudagraph_modes",
+        options={"graph_runtime": "simulated", "compiler": "eager", "splitting_ops": splitting_ops},
+    )
+    with caplog.at_level(logging.WARNING, logger="cgcompile"):
+        torch.testing.assert_close(f(torch.ones(4)), silly_closed_form(torch.ones(4)))
+    return caplog.text
+
+
+def test_unknown_splitting_op_warns_naming_it(caplog: pytest.LogCaptureFixture) -> None:
+    text = _compile_and_run(["silly::attention", "nosuch::op"], caplog)
+    assert "splitting_ops ['nosuch::op'] name no op that torch knows" in text
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [["silly::attention"], ["silly::attention.default", "aten::mul.Tensor"], ["aten::sin"]],
+    ids=["called", "overloads", "known-not-called"],
+)
+def test_known_splitting_ops_do_not_warn(ops: list[str], caplog: pytest.LogCaptureFixture) -> None:
+    assert "name no op" not in _compile_and_run(ops, caplog)
+
+
+def test_unknown_overload_of_a_known_op_warns(caplog: pytest.LogCaptureFixture) -> None:
+    assert "['aten::mul.nosuch']" in _compile_and_run(["aten::mul.nosuch"], caplog)
