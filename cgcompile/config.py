@@ -47,21 +47,27 @@ class CUDAGraphMode(enum.Enum):
         return isinstance(self.value, tuple)
 
     def decode_mode(self) -> CUDAGraphMode:
+        """The runtime mode for uniform decode batches."""
         return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
 
     def mixed_mode(self) -> CUDAGraphMode:
+        """The runtime mode for mixed (prefill) batches."""
         return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
 
     def has_mode(self, mode: CUDAGraphMode) -> bool:
+        """Whether `mode` is the decode or the mixed runtime mode of this mode."""
         return mode in (self.decode_mode(), self.mixed_mode())
 
     def has_full_cudagraphs(self) -> bool:
+        """Some batches replay one whole-model graph."""
         return self.has_mode(CUDAGraphMode.FULL)
 
     def has_piecewise_cudagraphs(self) -> bool:
+        """Some batches replay per-piece graphs, attention running eagerly between them."""
         return self.has_mode(CUDAGraphMode.PIECEWISE)
 
     def requires_piecewise_compilation(self) -> bool:
+        """The graph must be split at the splitting ops."""
         return self.has_piecewise_cudagraphs()
 
     def without_piecewise(self) -> CUDAGraphMode:
@@ -84,10 +90,12 @@ class CUDAGraphMode(enum.Enum):
 
     @classmethod
     def valid_runtime_modes(cls) -> frozenset[CUDAGraphMode]:
+        """NONE, PIECEWISE and FULL: the modes a single batch runs in."""
         return frozenset({cls.NONE, cls.PIECEWISE, cls.FULL})
 
     @classmethod
     def parse(cls, value: CUDAGraphMode | str, key: str = "cudagraph_mode") -> CUDAGraphMode:
+        """A member, or its name in any case; else a ConfigError naming `key`."""
         return parse_enum(cls, value, key)
 
     def __str__(self) -> str:
@@ -110,6 +118,7 @@ class AttentionCGSupport(enum.IntEnum):
     def parse(
         cls, value: AttentionCGSupport | str, key: str = "attention_cg_support"
     ) -> AttentionCGSupport:
+        """A member, or its name in any case; else a ConfigError naming `key`."""
         return parse_enum(cls, value, key)
 
     def __str__(self) -> str:
@@ -214,6 +223,7 @@ class CompilationConfig:
 
     @property
     def effective_max_num_reqs(self) -> int:
+        """`max_num_reqs`, or the largest capture size when that is None."""
         return self.max_num_reqs or self.max_cudagraph_capture_size
 
     @classmethod

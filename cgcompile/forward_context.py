@@ -44,6 +44,8 @@ _NONE, _PIECEWISE, _FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGrap
 
 @dataclasses.dataclass(frozen=True)
 class ForwardContext:
+    """What `set_forward_context` published: the runtime mode and the key of this forward."""
+
     cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE
     batch_descriptor: BatchDescriptor | None = None
     shape_key: tuple[int, ...] | None = None
@@ -109,6 +111,7 @@ def set_forward_context(
 
 
 def get_forward_context() -> ForwardContext:
+    """The active context; RuntimeError outside `set_forward_context`."""
     ctx = _forward_context.get()
     if ctx is None:
         raise RuntimeError("no forward context is set; use `with set_forward_context(...)`")
@@ -116,6 +119,7 @@ def get_forward_context() -> ForwardContext:
 
 
 def is_forward_context_available() -> bool:
+    """Whether a `set_forward_context` block is active in this thread or task."""
     return _forward_context.get() is not None
 
 
