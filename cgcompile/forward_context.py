@@ -168,11 +168,7 @@ def batch_hint(
 
 def _checked_hint(uniform_decode: Any, num_reqs: Any, has_lora: Any, modes: Any) -> BatchHint:
     """The hint, or a `ConfigError` naming the bad argument; mode names in any case."""
-    key = "batch_hint invalid_modes"
-    invalid = frozenset(CUDAGraphMode.parse(m, key) for m in as_list(key, modes))
-    bad = sorted(m.name for m in invalid - CUDAGraphMode.valid_runtime_modes())
-    if bad:
-        raise ConfigError(f"invalid_modes must hold runtime modes NONE/PIECEWISE/FULL, got {bad}")
+    invalid = _checked_modes(modes) if modes else frozenset()  # empty: per step, keep it cheap
     n = None if num_reqs is None else as_index(num_reqs)
     if num_reqs is not None and (n is None or n < 1):
         raise (ConfigError if n is not None else ConfigTypeError)(
@@ -182,6 +178,15 @@ def _checked_hint(uniform_decode: Any, num_reqs: Any, has_lora: Any, modes: Any)
     if uniform_decode is not None:
         as_bool("batch_hint uniform_decode", uniform_decode)
     return BatchHint(uniform_decode, n, as_bool("batch_hint has_lora", has_lora), invalid)
+
+
+def _checked_modes(modes: Any) -> frozenset[CUDAGraphMode]:
+    key = "batch_hint invalid_modes"
+    invalid = frozenset(CUDAGraphMode.parse(m, key) for m in as_list(key, modes))
+    bad = sorted(m.name for m in invalid - CUDAGraphMode.valid_runtime_modes())
+    if bad:
+        raise ConfigError(f"invalid_modes must hold runtime modes NONE/PIECEWISE/FULL, got {bad}")
+    return invalid
 
 
 def current_batch_hint() -> BatchHint | None:
