@@ -3,7 +3,8 @@
 `CUDAGraphMode` names what gets captured; the two composite modes are pairs
 (decode mode, mixed mode). `AttentionCGSupport` is what an attention op can tolerate inside a
 full graph. `CompilationConfig.from_options(options)` validates the `options` dict a user passes
-to `torch.compile(..., backend="cudagraph_modes", options=...)`.
+to `torch.compile(..., backend="cudagraph_modes", options=...)`; `validate_options` is the same
+check for users, before the first call. Each field's check lives in `cgcompile.options`.
 
     config = CompilationConfig.from_options({"cudagraph_mode": "piecewise"})
     config.cudagraph_capture_sizes[:4]    # (1, 2, 4, 8)
