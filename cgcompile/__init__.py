@@ -6,11 +6,16 @@ compiled = torch.compile(model, backend="cudagraph_modes",
 
 from cgcompile.attention import register_attention_op
 from cgcompile.backend import CompiledGraph, capture_all, compiled_graphs, cudagraph_modes
-from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
+from cgcompile.config import (
+    AttentionCGSupport,
+    CompilationConfig,
+    CUDAGraphMode,
+    validate_options,
+)
 from cgcompile.counters import Counters, counters
 from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.dynamic import mark_dynamic_batch
-from cgcompile.errors import CaptureError, CGCompileError, ConfigError
+from cgcompile.errors import CaptureError, CGCompileError, ConfigError, ConfigTypeError
 from cgcompile.forward_context import (
     BatchDescriptor,
     ForwardContext,
@@ -32,6 +37,7 @@ __all__ = [
     "CompilationConfig",
     "CompiledGraph",
     "ConfigError",
+    "ConfigTypeError",
     "Counters",
     "CudagraphDispatcher",
     "Downgrade",
@@ -49,4 +55,5 @@ __all__ = [
     "register_attention_op",
     "resolve_cudagraph_mode",
     "set_forward_context",
+    "validate_options",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from cgcompile.config import AttentionCGSupport
+from cgcompile.options import check_op_spec
 from cgcompile.passes.op_match import OpMatcher, describe, op_names, spec_key
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ def register_attention_op(
     op: Any, cudagraph_support: AttentionCGSupport | str = AttentionCGSupport.NEVER
 ) -> None:
     """Declare `op` ("ns::op", an op object or a callable) as attention with its graph support."""
+    check_op_spec("register_attention_op: op", op)
     support = AttentionCGSupport.parse(cudagraph_support, "cudagraph_support")
     key = spec_key(op)
     previous = _REGISTRY.get(key)

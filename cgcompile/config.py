@@ -3,7 +3,8 @@
 `CUDAGraphMode` names what gets captured; the two composite modes are pairs
 (decode mode, mixed mode). `AttentionCGSupport` is what an attention op can tolerate inside a
 full graph. `CompilationConfig.from_options(options)` validates the `options` dict a user passes
-to `torch.compile(..., backend="cudagraph_modes", options=...)`.
+to `torch.compile(..., backend="cudagraph_modes", options=...)`; `validate_options` is the same
+check for users, before the first call. Each field's check lives in `cgcompile.options`.
 
     config = CompilationConfig.from_options({"cudagraph_mode": "piecewise"})
     config.cudagraph_capture_sizes[:4]    # (1, 2, 4, 8)
@@ -13,13 +14,24 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
 
 from cgcompile.errors import ConfigError
+from cgcompile.options import (
+    MAX_CAPTURE_SIZE,
+    MAX_WARMUPS,
+    TORCH_COMPILE_KEYS,
+    as_bool,
+    as_choice,
+    as_int,
+    as_op_specs,
+    as_options_dict,
+    as_sizes,
+    parse_enum,
+)
 
 
 class CUDAGraphMode(enum.Enum):
@@ -36,21 +48,27 @@ class CUDAGraphMode(enum.Enum):
         return isinstance(self.value, tuple)
 
     def decode_mode(self) -> CUDAGraphMode:
+        """The runtime mode for uniform decode batches."""
         return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
 
     def mixed_mode(self) -> CUDAGraphMode:
+        """The runtime mode for mixed (prefill) batches."""
         return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
 
     def has_mode(self, mode: CUDAGraphMode) -> bool:
+        """Whether `mode` is the decode or the mixed runtime mode of this mode."""
         return mode in (self.decode_mode(), self.mixed_mode())
 
     def has_full_cudagraphs(self) -> bool:
+        """Some batches replay one whole-model graph."""
         return self.has_mode(CUDAGraphMode.FULL)
 
     def has_piecewise_cudagraphs(self) -> bool:
+        """Some batches replay per-piece graphs, attention running eagerly between them."""
         return self.has_mode(CUDAGraphMode.PIECEWISE)
 
     def requires_piecewise_compilation(self) -> bool:
+        """The graph must be split at the splitting ops."""
         return self.has_piecewise_cudagraphs()
 
     def without_piecewise(self) -> CUDAGraphMode:
@@ -73,11 +91,13 @@ class CUDAGraphMode(enum.Enum):
 
     @classmethod
     def valid_runtime_modes(cls) -> frozenset[CUDAGraphMode]:
+        """NONE, PIECEWISE and FULL: the modes a single batch runs in."""
         return frozenset({cls.NONE, cls.PIECEWISE, cls.FULL})
 
     @classmethod
     def parse(cls, value: CUDAGraphMode | str, key: str = "cudagraph_mode") -> CUDAGraphMode:
-        return _parse_enum(cls, value, key)
+        """A member, or its name in any case; else a ConfigError naming `key`."""
+        return parse_enum(cls, value, key)
 
     def __str__(self) -> str:
         return self.name
@@ -99,23 +119,28 @@ class AttentionCGSupport(enum.IntEnum):
     def parse(
         cls, value: AttentionCGSupport | str, key: str = "attention_cg_support"
     ) -> AttentionCGSupport:
-        return _parse_enum(cls, value, key)
+        """A member, or its name in any case; else a ConfigError naming `key`."""
+        return parse_enum(cls, value, key)
 
     def __str__(self) -> str:
         return self.name
 
 
-def _parse_enum(cls: Any, value: Any, key: str) -> Any:
-    if isinstance(value, cls):
-        return value
-    names = [m.name for m in cls]
-    if isinstance(value, str) and value.upper() in names:
-        return cls[value.upper()]
-    raise ConfigError(f"{key} must be one of {names} (any case), got {value!r}")
-
-
 OpSpec = str | torch._ops.OpOverload | torch._ops.OpOverloadPacket | Callable[..., Any]
-_OP_NAME = re.compile(r"^[A-Za-z_][\w]*::[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)?$")
+
+
+_INT_FIELDS: dict[str, tuple[int, int, str]] = {
+    "max_cudagraph_capture_size": (
+        1,
+        MAX_CAPTURE_SIZE,
+        "e.g. 512 (the default); larger batches run without graphs",
+    ),
+    "max_num_reqs": (1, MAX_CAPTURE_SIZE, "e.g. 256, or None for the largest capture size"),
+    "uniform_decode_query_len": (1, MAX_CAPTURE_SIZE, "1 + speculative tokens per request, e.g. 1"),
+    "num_warmups": (0, MAX_WARMUPS, "e.g. 1 (the default)"),
+}
+"""Int fields: (minimum, maximum, what to give instead)."""
+_CHOICES = {"compiler": ("inductor", "eager"), "graph_runtime": ("auto", "cuda", "simulated")}
 
 
 def default_capture_sizes(max_size: int) -> tuple[int, ...]:
@@ -154,8 +179,15 @@ class CompilationConfig:
     """Override of the support level found from the graph's attention ops."""
 
     def __post_init__(self) -> None:
-        self._check_sizes()
-        self._check_scalars()
+        self._normalize()
+        if self.cudagraph_capture_sizes and self.cudagraph_capture_sizes[-1] != (
+            self.max_cudagraph_capture_size
+        ):
+            raise ConfigError(
+                f"max_cudagraph_capture_size={self.max_cudagraph_capture_size} disagrees with "
+                f"the largest of cudagraph_capture_sizes={list(self.cudagraph_capture_sizes)}; "
+                f"give one of the two, or make the max equal the largest size"
+            )
         if (
             self.cudagraph_mode == CUDAGraphMode.FULL
             and self.attention_cg_support == AttentionCGSupport.NEVER
@@ -166,104 +198,76 @@ class CompilationConfig:
                 "eagerly between pieces) or a higher support level"
             )
 
-    def _check_sizes(self) -> None:
-        for key in ("cudagraph_capture_sizes", "compile_sizes"):
-            sizes = getattr(self, key)
-            if any(type(s) is not int or s < 1 for s in sizes):
-                raise ConfigError(
-                    f"{key} must be positive ints, got {list(sizes)}; e.g. [1, 2, 4, 8]"
-                )
-        _check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 1)
-        if self.cudagraph_capture_sizes and self.cudagraph_capture_sizes[-1] != (
-            self.max_cudagraph_capture_size
-        ):
-            raise ConfigError(
-                f"max_cudagraph_capture_size={self.max_cudagraph_capture_size} disagrees with "
-                f"the largest of cudagraph_capture_sizes={list(self.cudagraph_capture_sizes)}; "
-                f"give one of the two, or make the max equal the largest size"
-            )
-
-    def _check_scalars(self) -> None:
-        _check_int("uniform_decode_query_len", self.uniform_decode_query_len, 1)
-        _check_int("num_warmups", self.num_warmups, 0)
-        if self.max_num_reqs is not None:
-            _check_int("max_num_reqs", self.max_num_reqs, 1)
-        _check_choice("compiler", self.compiler, ("inductor", "eager"))
-        _check_choice("graph_runtime", self.graph_runtime, ("auto", "cuda", "simulated"))
-        if type(self.use_inductor_graph_partition) is not bool:
-            raise ConfigError(
-                f"use_inductor_graph_partition must be True or False, got "
-                f"{self.use_inductor_graph_partition!r}"
-            )
-        for op in self.splitting_ops or ():
-            if isinstance(op, str) and not _OP_NAME.match(op):
-                raise ConfigError(
-                    f"splitting_ops entries must be 'ns::op' or 'ns::op.overload' names, ops or "
-                    f"callables, got {op!r}; e.g. 'mylib::attention'"
-                )
+    def _normalize(self) -> None:
+        """Check every field and store its canonical form (enums, lower case, sorted tuples)."""
+        values = {
+            "cudagraph_mode": CUDAGraphMode.parse(self.cudagraph_mode),
+            "splitting_ops": as_op_specs("splitting_ops", self.splitting_ops),
+            "cudagraph_capture_sizes": as_sizes(
+                "cudagraph_capture_sizes", self.cudagraph_capture_sizes
+            ),
+            "compile_sizes": as_sizes("compile_sizes", self.compile_sizes),
+            "use_inductor_graph_partition": as_bool(
+                "use_inductor_graph_partition", self.use_inductor_graph_partition
+            ),
+        }
+        for key, (minimum, maximum, fix) in _INT_FIELDS.items():
+            value = getattr(self, key)
+            if value is not None or key != "max_num_reqs":
+                values[key] = as_int(key, value, minimum, maximum, fix)
+        for key, choices in _CHOICES.items():
+            values[key] = as_choice(key, getattr(self, key), choices)
+        if self.attention_cg_support is not None:
+            values["attention_cg_support"] = AttentionCGSupport.parse(self.attention_cg_support)
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
 
     @property
     def effective_max_num_reqs(self) -> int:
+        """`max_num_reqs`, or the largest capture size when that is None."""
         return self.max_num_reqs or self.max_cudagraph_capture_size
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None = None) -> CompilationConfig:
-        """Validate a user's options dict; unknown keys are rejected with the valid ones."""
-        opts = dict(options or {})
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(opts) - set(valid))
-        if unknown:
-            raise ConfigError(f"unknown option(s) {unknown}; valid options: {valid}")
-        if "cudagraph_mode" in opts:
-            opts["cudagraph_mode"] = CUDAGraphMode.parse(opts["cudagraph_mode"])
-        if opts.get("attention_cg_support") is not None:
-            opts["attention_cg_support"] = AttentionCGSupport.parse(opts["attention_cg_support"])
-        if opts.get("splitting_ops") is not None:
-            opts["splitting_ops"] = _as_tuple("splitting_ops", opts["splitting_ops"])
-        if "compile_sizes" in opts:
-            sizes = _as_tuple("compile_sizes", opts["compile_sizes"])
-            # sort only ints: mixed types would raise TypeError before __post_init__ explains
-            opts["compile_sizes"] = tuple(sorted(set(sizes))) if _all_ints(sizes) else sizes
-        _fill_capture_sizes(opts)
+        """Validate a user's options dict; unknown keys are rejected with the valid ones.
+
+        Every bad value raises a `ConfigError` naming the key, the value and a fix, before
+        anything is allocated. `cgcompile.validate_options` is the public front door.
+        """
+        opts = as_options_dict(options, [f.name for f in dataclasses.fields(cls)])
+        _fill_capture_sizes(opts, cls.max_cudagraph_capture_size)
         return cls(**opts)
 
 
-def _fill_capture_sizes(opts: dict[str, Any]) -> None:
+def _fill_capture_sizes(opts: dict[str, Any], default_max: int) -> None:
     """A user list is de-duplicated and sorted and sets the max; a lone max sets the defaults."""
     sizes = opts.get("cudagraph_capture_sizes")
     if sizes is None:
-        max_size = opts.get("max_cudagraph_capture_size", 512)
-        _check_int("max_cudagraph_capture_size", max_size, 1)
+        key = "max_cudagraph_capture_size"
+        max_size = as_int(key, opts.get(key, default_max), *_INT_FIELDS[key])
         opts["cudagraph_capture_sizes"] = default_capture_sizes(max_size)
         return
-    sizes = _as_tuple("cudagraph_capture_sizes", sizes)
+    sizes = as_sizes("cudagraph_capture_sizes", sizes)
     if not sizes:
         raise ConfigError(
             "cudagraph_capture_sizes is empty; give sizes such as [1, 2, 4, 8], or use "
             "cudagraph_mode='NONE' for no graphs"
         )
-    if _all_ints(sizes):
-        sizes = tuple(sorted(set(sizes)))
     opts["cudagraph_capture_sizes"] = sizes
-    if all(type(s) is int and s > 0 for s in sizes):
-        opts.setdefault("max_cudagraph_capture_size", sizes[-1])
+    opts.setdefault("max_cudagraph_capture_size", sizes[-1])
 
 
-def _all_ints(values: tuple[Any, ...]) -> bool:
-    return all(type(v) is int for v in values)
+def validate_options(options: Mapping[str, Any] | None = None) -> CompilationConfig:
+    """Check the `options` of `torch.compile(..., backend="cudagraph_modes", options=...)` now.
 
+    torch.compile hands options to the backend only when the first call is compiled, and an
+    error there arrives wrapped in Dynamo's `BackendCompilerFailed`. Call this first to get the
+    `ConfigError` (key, value, fix) at once; it returns the config the backend will use. Keys
+    that torch.compile consumes itself (`guard_filter_fn`, `use_aoti`) are ignored.
 
-def _as_tuple(key: str, value: Any) -> tuple[Any, ...]:
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return tuple(value)
-    raise ConfigError(f"{key} must be a list, got {type(value).__name__} {value!r}")
-
-
-def _check_int(key: str, value: Any, minimum: int) -> None:
-    if type(value) is not int or value < minimum:
-        raise ConfigError(f"{key} must be an int >= {minimum}, got {value!r}")
-
-
-def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key} must be one of {list(choices)}, got {value!r}")
+        config = cgcompile.validate_options(options)
+        compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    """
+    if isinstance(options, Mapping):
+        options = {k: v for k, v in options.items() if k not in TORCH_COMPILE_KEYS}
+    return CompilationConfig.from_options(options)

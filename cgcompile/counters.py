@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 @dataclasses.dataclass
 class Counters:
+    """Totals since the last `reset()`; `cgcompile.counters` is the one the backend updates."""
+
     num_graphs_seen: int = 0
     """Dynamo graphs handed to the backend."""
     num_piecewise_graphs_seen: int = 0
@@ -31,9 +33,11 @@ class Counters:
     """Captures that failed; the key then runs eagerly."""
 
     def snapshot(self) -> dict[str, int]:
+        """Every counter by name, as a new dict."""
         return dataclasses.asdict(self)
 
     def reset(self) -> None:
+        """Set every counter to 0."""
         for field in dataclasses.fields(self):
             setattr(self, field.name, 0)
 

@@ -57,6 +57,7 @@ class CudagraphDispatcher:
     def initialize_cudagraph_keys(
         self, cudagraph_mode: CUDAGraphMode, uniform_decode_query_len: int = 1
     ) -> None:
+        """Build the FULL and PIECEWISE key sets for the resolved mode; call before dispatch."""
         q = uniform_decode_query_len
         self.cudagraph_mode = cudagraph_mode
         self.uniform_decode_query_len = q

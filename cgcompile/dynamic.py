@@ -31,9 +31,13 @@ rejects a hinted size 1).
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 from torch._dynamo.decorators import mark_unbacked
+
+from cgcompile.errors import ConfigError, ConfigTypeError
+from cgcompile.options import MAX_CAPTURE_SIZE, as_bool, as_index, show
 
 _SHAPE_ID = "cgcompile_batch"
 PAD_ATTRIBUTE = "_cgcompile_pad_value"
@@ -50,21 +54,20 @@ def mark_dynamic_batch(
 ) -> None:
     """Mark `dim` of every tensor as the shared dynamic batch dim (call on each new input).
 
-    `pad_value`: what the padded rows of these tensors hold when a batch is padded to a
-    capture size (default 0), e.g. the index of a reserved trash slot for a slot mapping, so
-    padded rows write their KV-cache entries where no real row reads. It is read when the graph
-    compiles and used on every call and by `capture_all()`.
+    `tensors`: the model's batch inputs (tokens, positions, ...), all with the same size along
+    `dim`. `dim`: the batch (token) dim, 0 by default; the backend treats dim 0 as the batch.
+    `unbacked`: one trace for every size, batch 1 included, at some kernel speed (see above);
+    False: batches >= 2 share a trace and batch 1 gets its own. `hint`: the size Inductor tunes
+    the dynamic graph's kernels for; pass your largest capture size. `pad_value`: what the
+    padded rows of these tensors hold when a batch is padded to a capture size (default 0),
+    e.g. the index of a reserved trash slot for a slot mapping, so padded rows write their
+    KV-cache entries where no real row reads; it is read when the graph compiles and used on
+    every call and by `capture_all()`. Bad arguments raise a `ConfigError` before any tensor
+    is marked.
     """
-    if hint is not None and (isinstance(hint, bool) or not isinstance(hint, int) or hint < 1):
-        raise ValueError(f"mark_dynamic_batch: hint must be a positive int, got {hint!r}")
-    if pad_value is not None and not isinstance(pad_value, (int, float)):
-        raise TypeError(
-            f"mark_dynamic_batch: pad_value must be a number (what padded rows hold), got "
-            f"{type(pad_value).__name__} {pad_value!r}; e.g. pad_value=-1"
-        )
+    dim, hint = _check_batch_args(tensors, dim, unbacked, hint)
+    _check_pad_value(pad_value)
     for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"mark_dynamic_batch takes tensors, got {type(t).__name__}")
         if pad_value is not None:
             setattr(t, PAD_ATTRIBUTE, pad_value)
         if unbacked and _HAS_SHAPE_ID:
@@ -72,3 +75,56 @@ def mark_dynamic_batch(
         else:
             # a size-1 dim is specialised anyway; a hint on it trips Dynamo's guard check
             torch._dynamo.mark_dynamic(t, dim, hint_override=hint if t.shape[dim] != 1 else None)
+
+
+def _check_batch_args(
+    tensors: tuple[Any, ...], dim: Any, unbacked: Any, hint: Any
+) -> tuple[int, int | None]:
+    """(dim, hint) as ints, or a `ConfigError` naming the bad argument and what to pass."""
+    index = _as_count("dim", dim, 0, None, "e.g. dim=0")
+    _check_tensors(tensors, index)
+    as_bool("mark_dynamic_batch: unbacked", unbacked)
+    if hint is None:
+        return index, None
+    return index, _as_count(
+        "hint", hint, 1, MAX_CAPTURE_SIZE, "e.g. your largest capture size, hint=512"
+    )
+
+
+def _check_pad_value(value: Any) -> None:
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return
+    raise ConfigTypeError(
+        f"mark_dynamic_batch: pad_value must be a number (what padded rows hold), got "
+        f"{show(value)}; e.g. the index of a reserved trash slot, pad_value=-1"
+    )
+
+
+def _as_count(key: str, value: Any, minimum: int, maximum: int | None, fix: str) -> int:
+    n = as_index(value)
+    if n is not None and n >= minimum and (maximum is None or n <= maximum):
+        return n
+    error = ConfigTypeError if n is None else ConfigError
+    bound = f"an int >= {minimum}" if minimum == 0 else "a positive int"
+    bound += f" <= {maximum}" if maximum else ""
+    raise error(f"mark_dynamic_batch: {key} must be {bound}, got {show(value)}; {fix}")
+
+
+def _check_tensors(tensors: tuple[Any, ...], dim: int) -> None:
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise ConfigTypeError(
+                f"mark_dynamic_batch takes tensors, got {type(t).__name__} as argument {i}; "
+                f"pass the model's batch inputs, e.g. mark_dynamic_batch(tokens, positions)"
+            )
+        if dim >= t.dim():
+            raise ConfigError(
+                f"mark_dynamic_batch: tensor {i} of shape {tuple(t.shape)} has no dim {dim}; "
+                f"mark only tensors that have the batch dim (0-d tensors have none)"
+            )
+    if len({t.shape[dim] for t in tensors}) > 1:
+        raise ConfigError(
+            f"mark_dynamic_batch: the tensors disagree on the batch size (dim {dim}): shapes "
+            f"{[tuple(t.shape) for t in tensors]}; mark only tensors whose dim {dim} is the "
+            f"batch, all with the same size"
+        )

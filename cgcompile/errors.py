@@ -1,7 +1,8 @@
 """The library's exceptions.
 
 Every error derives from `CGCompileError` and also from the builtin it refines, so callers can
-catch either: `ConfigError` is a `ValueError`, `CaptureError` a `RuntimeError`.
+catch either: `ConfigError` is a `ValueError`, `ConfigTypeError` (a value of the wrong type)
+also a `TypeError`, `CaptureError` a `RuntimeError`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ class CGCompileError(Exception):
 
 class ConfigError(CGCompileError, ValueError):
     """An option or a combination of options is invalid; the message names key, value, fix."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An option or argument has the wrong type, e.g. a str where a list of sizes belongs."""
 
 
 class CaptureError(CGCompileError, RuntimeError):

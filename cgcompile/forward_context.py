@@ -18,9 +18,11 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 from cgcompile.config import CUDAGraphMode
-from cgcompile.errors import ConfigError
+from cgcompile.errors import ConfigError, ConfigTypeError
+from cgcompile.options import as_bool, as_index, as_list, show
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +44,8 @@ _NONE, _PIECEWISE, _FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGrap
 
 @dataclasses.dataclass(frozen=True)
 class ForwardContext:
+    """What `set_forward_context` published: the runtime mode and the key of this forward."""
+
     cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE
     batch_descriptor: BatchDescriptor | None = None
     shape_key: tuple[int, ...] | None = None
@@ -80,7 +84,7 @@ _forward_context: contextvars.ContextVar[ForwardContext | None] = contextvars.Co
 
 @contextlib.contextmanager
 def set_forward_context(
-    cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE,
+    cudagraph_runtime_mode: CUDAGraphMode | str = CUDAGraphMode.NONE,
     batch_descriptor: BatchDescriptor | None = None,
     num_tokens: int | None = None,
     shape_key: tuple[int, ...] | None = None,
@@ -88,10 +92,20 @@ def set_forward_context(
 ) -> Iterator[ForwardContext]:
     """Publish the runtime mode and batch key for the enclosed forward; restores on exit.
 
-    `num_tokens` alone builds `BatchDescriptor(num_tokens)`.
+    `num_tokens` alone builds `BatchDescriptor(num_tokens)`; the mode may be a name, any case.
     """
+    if not isinstance(cudagraph_runtime_mode, CUDAGraphMode):  # a name, in any case
+        cudagraph_runtime_mode = CUDAGraphMode.parse(
+            cudagraph_runtime_mode, "cudagraph_runtime_mode"
+        )
     if batch_descriptor is None and num_tokens is not None:
-        batch_descriptor = BatchDescriptor(num_tokens)
+        n = as_index(num_tokens)
+        if n is None or n < 1:
+            raise ConfigError(
+                f"num_tokens must be a positive int (the padded batch's tokens), got "
+                f"{show(num_tokens)}"
+            )
+        batch_descriptor = BatchDescriptor(n)
     ctx = ForwardContext(cudagraph_runtime_mode, batch_descriptor, shape_key, capture_only)
     token = _forward_context.set(ctx)
     try:
@@ -101,6 +115,7 @@ def set_forward_context(
 
 
 def get_forward_context() -> ForwardContext:
+    """The active context; RuntimeError outside `set_forward_context`."""
     ctx = _forward_context.get()
     if ctx is None:
         raise RuntimeError("no forward context is set; use `with set_forward_context(...)`")
@@ -108,6 +123,7 @@ def get_forward_context() -> ForwardContext:
 
 
 def is_forward_context_available() -> bool:
+    """Whether a `set_forward_context` block is active in this thread or task."""
     return _forward_context.get() is not None
 
 
@@ -146,17 +162,35 @@ def batch_hint(
     with cgcompile.batch_hint(uniform_decode=True):
         logits = compiled(tokens)          # FULL graph in FULL_AND_PIECEWISE
     """
-    bad = [m for m in invalid_modes if m not in CUDAGraphMode.valid_runtime_modes()]
-    if bad:
-        raise ConfigError(f"invalid_modes must hold runtime modes NONE/PIECEWISE/FULL, got {bad}")
-    if num_reqs is not None and num_reqs < 1:
-        raise ConfigError(f"batch_hint num_reqs must be >= 1, got {num_reqs}")
-    hint = BatchHint(uniform_decode, num_reqs, has_lora, frozenset(invalid_modes))
+    hint = _checked_hint(uniform_decode, num_reqs, has_lora, invalid_modes)
     token = _batch_hint.set(hint)
     try:
         yield hint
     finally:
         _batch_hint.reset(token)
+
+
+def _checked_hint(uniform_decode: Any, num_reqs: Any, has_lora: Any, modes: Any) -> BatchHint:
+    """The hint, or a `ConfigError` naming the bad argument; mode names in any case."""
+    invalid = _checked_modes(modes) if modes else frozenset()  # empty: per step, keep it cheap
+    n = None if num_reqs is None else as_index(num_reqs)
+    if num_reqs is not None and (n is None or n < 1):
+        raise (ConfigError if n is not None else ConfigTypeError)(
+            f"batch_hint num_reqs must be >= 1, got {show(num_reqs)}; give the number of "
+            f"requests in the batch, or None"
+        )
+    if uniform_decode is not None:
+        as_bool("batch_hint uniform_decode", uniform_decode)
+    return BatchHint(uniform_decode, n, as_bool("batch_hint has_lora", has_lora), invalid)
+
+
+def _checked_modes(modes: Any) -> frozenset[CUDAGraphMode]:
+    key = "batch_hint invalid_modes"
+    invalid = frozenset(CUDAGraphMode.parse(m, key) for m in as_list(key, modes))
+    bad = sorted(m.name for m in invalid - CUDAGraphMode.valid_runtime_modes())
+    if bad:
+        raise ConfigError(f"invalid_modes must hold runtime modes NONE/PIECEWISE/FULL, got {bad}")
+    return invalid
 
 
 def current_batch_hint() -> BatchHint | None:

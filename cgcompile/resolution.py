@@ -35,6 +35,8 @@ class Rule(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Downgrade:
+    """One change resolution made: which rule lowered which mode to which, and why."""
+
     rule: Rule
     from_mode: CUDAGraphMode
     to_mode: CUDAGraphMode
@@ -46,6 +48,8 @@ class Downgrade:
 
 @dataclasses.dataclass(frozen=True)
 class Resolution:
+    """The requested mode, the mode kept, every `Downgrade` between them, the capture sizes."""
+
     requested: CUDAGraphMode
     mode: CUDAGraphMode
     reasons: tuple[Downgrade, ...]

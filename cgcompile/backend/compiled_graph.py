@@ -274,11 +274,18 @@ class CompiledGraph:
         return self._report
 
     def format_report(self) -> str:
+        """`report` as text: pieces, mode and why, captured keys, times, memory, fallbacks."""
         return self.report.format()
 
 
 def capture_all(progress: bool = True) -> int:
-    """`CompiledGraph.capture_all` for every live compiled graph; returns graphs captured."""
+    """Capture now every graph that every live compiled graph's dispatcher lists.
+
+    Each compiled graph must have been called once (it reuses that call's parameters and
+    input layout), else `CGCompileError`. Returns how many CUDA graphs this call recorded: one
+    per piece for each PIECEWISE key plus one per FULL key; keys captured before are replayed
+    and not counted, so a second call returns 0. `progress`: a tqdm bar if tqdm is installed.
+    """
     return sum(graph.capture_all(progress) for graph in compiled_graphs())
 
 

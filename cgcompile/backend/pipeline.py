@@ -35,7 +35,7 @@ from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import ConfigError
 from cgcompile.passes.mutation import find_mutated_inputs
-from cgcompile.passes.op_match import OpMatcher
+from cgcompile.passes.op_match import OpMatcher, unknown_op_names
 from cgcompile.passes.split import SplitResult, split_graph
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
 from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime, make_graph_runtime
@@ -51,6 +51,7 @@ def compile_graph(
     graph_id = next(_graph_ids)
     matcher = OpMatcher(attention_ops() if config.splitting_ops is None else config.splitting_ops)
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    _warn_unknown_ops(graph_id, config, targets)
     attention = find_attention(targets)
     support = config.attention_cg_support
     if support is None:  # NEVER is 0: test for None, not truthiness
@@ -95,6 +96,18 @@ def compile_graph(
     return CompiledGraph(
         runnable, dispatcher, plan, report, wrappers, runtime, functools.partial(shapes_only, split)
     )
+
+
+def _warn_unknown_ops(graph_id: int, config: CompilationConfig, targets: list[Any]) -> None:
+    unknown = unknown_op_names(config.splitting_ops or (), targets)
+    if unknown:
+        logger.warning(
+            "graph %d: splitting_ops %s name no op that torch knows, and this graph calls none "
+            "of them; check the spelling ('ns::op' as given to torch.library.custom_op) or "
+            "define the op before the first call",
+            graph_id,
+            unknown,
+        )
 
 
 def _choose_runtime(

@@ -52,6 +52,21 @@ def describe(target: Any) -> str:
     return getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
 
 
+def is_registered_op(name: str) -> bool:
+    """Whether torch knows the op `"ns::op"` or `"ns::op.overload"` (a custom op once defined)."""
+    base, _, overload = name.partition(".")
+    schemas = torch._C._jit_get_schemas_for_operator(base)
+    if not overload:
+        return bool(schemas)
+    return any((s.overload_name or "default") == overload for s in schemas)
+
+
+def unknown_op_names(specs: Iterable[Any], targets: Iterable[Any]) -> list[str]:
+    """Name specs that no target answers to and that torch does not know: likely misspelt."""
+    called = {name for target in targets for name in op_names(target)}
+    return [s for s in specs if isinstance(s, str) and s not in called and not is_registered_op(s)]
+
+
 class OpMatcher:
     """Answers whether a node calls one of the given ops."""
 

@@ -106,9 +106,11 @@ class CUDAGraphWrapper:
 
     @property
     def num_captures(self) -> int:
+        """Graphs this wrapper holds."""
         return len(self.entries)
 
     def captured_keys(self) -> list[GraphKey]:
+        """The key of every graph held: (batch descriptor, dynamic sizes)."""
         return list(self.entries)
 
     def __call__(self, *args: Any) -> Any:

@@ -1,0 +1,95 @@
+"""The package as users see it: typed, every public name documented, logging as the README says."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import cgcompile
+from cgcompile.backend.compiled_graph import _describe_key
+from cgcompile.forward_context import BatchDescriptor
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+
+
+def test_py_typed_is_shipped() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    assert (Path(cgcompile.__file__).parent / "py.typed").is_file()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["cgcompile"]
+
+
+def _own_doc(obj: object, name: str) -> str | None:
+    """The object's own docstring: not inherited, not the signature a dataclass makes up."""
+    doc = vars(obj).get("__doc__") if inspect.isclass(obj) else getattr(obj, "__doc__", None)
+    return None if not doc or doc.startswith(f"{name}(") else doc
+
+
+def _public_callables() -> list[tuple[str, object]]:
+    found = []
+    for name in cgcompile.__all__:
+        obj = getattr(cgcompile, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            found.append((name, obj))
+        if not inspect.isclass(obj):
+            continue
+        for attr, member in vars(obj).items():
+            if isinstance(member, (classmethod, staticmethod)):
+                member = member.__func__
+            elif isinstance(member, property):
+                member = member.fget
+            if not attr.startswith("_") and inspect.isfunction(member):
+                found.append((f"{name}.{attr}", member))
+    return found
+
+
+@pytest.mark.parametrize(("name", "obj"), _public_callables(), ids=lambda x: str(x)[:40])
+def test_every_public_callable_has_a_docstring(name: str, obj: object) -> None:
+    assert _own_doc(obj, name.rsplit(".", 1)[-1]), f"{name} has no docstring"
+
+
+def test_mark_dynamic_batch_docstring_explains_its_arguments() -> None:
+    doc = inspect.getdoc(cgcompile.mark_dynamic_batch) or ""
+    for argument in ("`dim`", "`unbacked`", "`hint`"):
+        assert argument in doc
+
+
+def test_readme_key_notation_is_what_reports_print() -> None:
+    key = (BatchDescriptor(24, num_reqs=24, uniform=True), (24, 24))
+    assert _describe_key(key) == "24u24[24, 24]"
+    assert "`24u24[24, 24]`" in README
+    assert _describe_key((BatchDescriptor(8), (8,))) == "8"
+    assert "`8`" in README
+
+
+def test_readme_says_how_to_validate_and_log() -> None:
+    for text in ("validate_options", "TORCH_LOGS=+cgcompile", 'getLogger("cgcompile")'):
+        assert text in README
+
+
+def test_torch_logs_enables_cgcompile_debug_logs() -> None:
+    """`TORCH_LOGS=+cgcompile` works without registering anything: torch accepts any module."""
+    script = textwrap.dedent(
+        """
+        import torch
+        import cgcompile
+        f = torch.compile(lambda x: x * 2, backend="cudagraph_modes",
+                          options={"graph_runtime": "simulated", "compiler": "eager"})
+        f(torch.ones(4))  # a warm-up call
+        f(torch.ones(4))  # captures
+        """
+    )
+    env = {**os.environ, "TORCH_LOGS": "+cgcompile", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "cgcompile/backend/pipeline.py" in result.stderr  # INFO: the resolved mode
+    assert "cgcompile/wrappers/cuda_graph_wrapper.py" in result.stderr  # DEBUG: captures
