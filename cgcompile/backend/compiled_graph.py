@@ -2,7 +2,8 @@
 
 Per call (automatic mode, the default):
 1. read the batch size n from the user's batch tensors and the hints of `batch_hint(...)`;
-2. ask the dispatcher for (runtime mode, descriptor), padding n to a capture size;
+2. ask the dispatcher for (runtime mode, descriptor), padding n to a capture size; a graph
+   that padding could change (`plan.pad_unsafe`) runs sizes it would pad without graphs;
 3. copy user tensors into static buffers (`StaticInputs`: padded rows hold pad values;
    parameters, buffers and tensors the graph writes in place are never copied);
 4. run the FULL wrapper (which holds the PIECEWISE-wrapped pieces) under that forward context;
@@ -105,8 +106,11 @@ class CompiledGraph:
         if mode == NONE:
             return self._run_eager(args, n)
         padded = desc.num_tokens
-        if padded != n and self._warn_padding:
-            self._warn_once(n, "padding")
+        if padded != n:
+            if self.plan.pad_unsafe is not None:
+                return self._run_eager(args, n, "unpadded")
+            if self._warn_padding:
+                self._warn_once(n, "padding")
         static_args = self.static_inputs.fill(args, n, padded)
         shape_key = tuple([static_args[i] for i in self.plan.int_args])
         with set_forward_context(mode, desc, shape_key=shape_key):
@@ -249,6 +253,11 @@ class CompiledGraph:
                 f"and padded rows may write there where an eager call would not. Declare what "
                 f"padded rows hold with cgcompile.mark_dynamic_batch(t, pad_value=...) for the "
                 f"batch input that says where rows write ({batch}), e.g. a reserved trash slot"
+            )
+        if kind == "unpadded":
+            return kind, (
+                f"{n} rows are not padded to a capture size: padding could change what the "
+                f"caller sees, as {plan.pad_unsafe}; batches of a capture size still use graphs"
             )
         if n is None:
             return "shape", "the batch tensors disagree on dim 0, or there are none"

@@ -55,6 +55,8 @@ class InputPlan:
     """(position, value) of batch tensors with a declared pad value; others pad with zeros."""
     batch_strided: tuple[int, ...] = ()
     """Batch tensors whose strides depend on the batch size (batch dim not outermost)."""
+    pad_unsafe: str | None = None
+    """Why padding could change what the caller sees (`passes.pad_safety`); None: pad freely."""
 
     @property
     def copied_back(self) -> tuple[int, ...]:

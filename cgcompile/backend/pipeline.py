@@ -1,7 +1,8 @@
 """From a Dynamo graph to a `CompiledGraph`: the backend's steps, in order.
 
-1. find the attention ops in the graph and the lowest CUDA-graph support among them, and the
-   inputs the graph writes in place (`passes.mutation`);
+1. find the attention ops in the graph and the lowest CUDA-graph support among them, the
+   inputs the graph writes in place (`passes.mutation`) and whether padding a batch could
+   change what the caller sees (`passes.pad_safety`);
 2. resolve the requested mode against that support (`resolution`), logging every downgrade;
 3. split at the splitting ops (`passes.split`) if the mode has piecewise graphs; otherwise the
    whole graph is one piece, so Inductor can fuse across attention;
@@ -14,6 +15,7 @@ Counters are updated only once all steps succeeded: Dynamo may restart analysis 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from cgcompile.attention import attention_ops, find_attention, is_split_at
+from cgcompile.attention import attention_ops, attention_support_of, find_attention, is_split_at
 from cgcompile.backend.compiled_graph import CompiledGraph
 from cgcompile.backend.dry_run import shapes_only
 from cgcompile.backend.inputs import InputPlan
@@ -36,6 +38,7 @@ from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import ConfigError
 from cgcompile.passes.mutation import find_mutated_inputs
 from cgcompile.passes.op_match import OpMatcher, unknown_op_names
+from cgcompile.passes.pad_safety import check_pad_safety
 from cgcompile.passes.split import SplitResult, split_graph
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
 from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime, make_graph_runtime
@@ -58,6 +61,9 @@ def compile_graph(
         support = min(attention.values(), default=AttentionCGSupport.ALWAYS)
     plan = InputPlan.from_graph(gm, example_inputs, find_mutated_inputs(gm, example_inputs))
     runtime_kind, device = _choose_runtime(config, example_inputs)
+    if config.cudagraph_mode != CUDAGraphMode.NONE and runtime_kind is not None:
+        safety = check_pad_safety(gm, example_inputs, plan.batch_exprs, _is_attention, plan.names)
+        plan = dataclasses.replace(plan, pad_unsafe=safety.reason)
     resolution = resolve_cudagraph_mode(
         config.cudagraph_mode,
         support,
@@ -92,10 +98,15 @@ def compile_graph(
     _count(split, runners)
     report = _report(graph_id, config, resolution, attention, support, runtime_kind, split, runners)
     report.compile_seconds = time.perf_counter() - start
+    report.pad_unsafe = plan.pad_unsafe
     _log_resolution(graph_id, resolution, attention, split)
     return CompiledGraph(
         runnable, dispatcher, plan, report, wrappers, runtime, functools.partial(shapes_only, split)
     )
+
+
+def _is_attention(target: Any) -> bool:
+    return attention_support_of(target) is not None
 
 
 def _warn_unknown_ops(graph_id: int, config: CompilationConfig, targets: list[Any]) -> None:

@@ -39,6 +39,8 @@ class GraphReport:
     capture_seconds: float = 0.0
     graph_memory_bytes: int = 0
     static_input_bytes: int = 0
+    pad_unsafe: str | None = None
+    """Why batches are not padded (sizes between capture sizes run without graphs), if so."""
 
     def format(self) -> str:
         n_cap = sum(p.capturable for p in self.pieces)
@@ -51,6 +53,8 @@ class GraphReport:
             f"compiled in {self.compile_seconds:.2f}s",
         ]
         lines += [f"  downgrade: {r}" for r in self.reasons]
+        if self.pad_unsafe:
+            lines.append(f"  padding off: {self.pad_unsafe}")
         for mode, keys in self.captured.items():
             lines.append(f"  captured {mode}: {len(keys)} graphs {keys}")
         lines.append(

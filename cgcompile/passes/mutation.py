@@ -12,6 +12,7 @@ must leave them exactly as one eager call would.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -25,15 +26,9 @@ logger = logging.getLogger(__name__)
 
 def find_mutated_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[int, ...]:
     """Positions of the placeholders that `gm` writes in place."""
-    fake_mode = torch._guards.detect_fake_mode(example_inputs)
-    if fake_mode is None:
-        fake_mode = torch._subclasses.FakeTensorMode()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    with fake_mode, enable_python_dispatcher(), torch.no_grad():
-        args = [
-            _fresh_fake(node.meta.get("example_value", node.meta.get("val")), real)
-            for node, real in zip(placeholders, example_inputs, strict=True)
-        ]
+    with fake_execution(example_inputs):
+        args = fresh_fakes(placeholders, example_inputs)
         before = [a._version if isinstance(a, torch.Tensor) else None for a in args]
         fx.Interpreter(gm).run(*args)
     mutated = tuple(
@@ -43,6 +38,25 @@ def find_mutated_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tu
     )
     logger.debug("mutated inputs: %s", [placeholders[i].name for i in mutated])
     return mutated
+
+
+def fake_execution(example_inputs: Sequence[Any]) -> contextlib.AbstractContextManager[Any]:
+    """The graph's own fake mode (or a new one), with the Python dispatcher, without grad."""
+    fake_mode = torch._guards.detect_fake_mode(example_inputs)
+    if fake_mode is None:
+        fake_mode = torch._subclasses.FakeTensorMode()
+    stack = contextlib.ExitStack()
+    for context in (fake_mode, enable_python_dispatcher(), torch.no_grad()):
+        stack.enter_context(context)
+    return stack
+
+
+def fresh_fakes(placeholders: Sequence[fx.Node], example_inputs: Sequence[Any]) -> list[Any]:
+    """Fresh fake inputs for `placeholders`, made inside `fake_execution`."""
+    return [
+        _fresh_fake(node.meta.get("example_value", node.meta.get("val")), real)
+        for node, real in zip(placeholders, example_inputs, strict=True)
+    ]
 
 
 def _fresh_fake(traced: Any, real: Any) -> Any:

@@ -1,0 +1,202 @@
+"""Whether padding a batch can change what the caller sees, decided from the graph.
+
+Padding appends rows to dim 0 of the batch inputs and slices batch outputs back to the real
+rows. That is exact only when rows stay independent and every output that involves the batch
+is batch-major. `check_pad_safety` decides it once per graph, without running anything:
+
+1. inputs: the batch (a symbol `s` of Dynamo's shape environment) is dim 0 of the batch
+   inputs and in no other dim of any input;
+2. ops: the graph runs on fresh fake tensors with symbolic sizes, and every aten op it
+   dispatches is judged by `batch_rules.check_op` from the shapes it sees (rows vanish,
+   sizes move, mixing along the batch, the batch size as a value). SDPA is judged as one call
+   (queries over the batch are row-wise, keys over it are not, unless causal); attention ops
+   the user registered are trusted to keep rows apart, like the engines whose padded batches
+   they serve;
+3. outputs: a tensor involving `s` has it as dim 0 only, exactly `s`; no int output
+   involves `s` (`return y, x.shape[0]` would return the padded size).
+
+The first failure names the op, where the user's code called it, and why:
+
+    safety = check_pad_safety(gm, example_inputs, plan.batch_exprs, trusted=is_attention)
+    safety.reason   # "`y.sum(0)` (model.py:12, aten.sum.dim_IntList) reduces, ... batch dim"
+
+A graph that is not pad-safe still gets graphs for batches of a capture size; other sizes run
+without graphs (the backend warns once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cgcompile.passes.batch_rules import BatchDims, check_op, check_sdpa
+from cgcompile.passes.mutation import fake_execution, fresh_fakes
+
+_SDPA = torch._C._nn.scaled_dot_product_attention
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+
+
+@dataclasses.dataclass(frozen=True)
+class PadSafety:
+    """The verdict for one graph."""
+
+    reason: str | None = None
+    """Why padding could change what the caller sees (op, place, rule); None: it cannot."""
+
+    @property
+    def is_safe(self) -> bool:
+        return self.reason is None
+
+
+def check_pad_safety(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    batch_exprs: frozenset[Any],
+    trusted: Callable[[Any], bool] = lambda target: False,
+    names: Sequence[str] = (),
+) -> PadSafety:
+    """Whether batches of `gm` may be padded; `batch_exprs` are dim 0 of its batch inputs,
+    `trusted` says which call targets keep rows apart, `names` name the placeholders."""
+    batch = BatchDims(frozenset(s for e in batch_exprs for s in e.free_symbols))
+    if not batch.symbols:
+        return PadSafety()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names = list(names) or [n.name for n in placeholders]
+    reason = _check_inputs(placeholders, names, batch, batch_exprs)
+    if reason is None:
+        reason = _check_ops(gm, placeholders, example_inputs, batch, trusted)
+    if reason is None:
+        reason = _check_outputs(gm, batch, batch_exprs)
+    return PadSafety(reason)
+
+
+def _check_inputs(
+    placeholders: list[fx.Node], names: list[str], batch: BatchDims, batch_exprs: frozenset[Any]
+) -> str | None:
+    for node, name in zip(placeholders, names, strict=True):
+        value = _value(node)
+        if isinstance(value, torch.Tensor):
+            for dim, expr in batch.dims(value):
+                if dim != 0 or expr not in batch_exprs:
+                    return (
+                        f"input {name} has size {expr} in dim {dim}; padding extends "
+                        f"dim 0 of the batch inputs only"
+                    )
+        elif batch.expr(value) is not None and batch.expr(value) not in batch_exprs:
+            return f"input {name} is {batch.expr(value)}, derived from the batch size"
+    return None
+
+
+def _check_outputs(gm: fx.GraphModule, batch: BatchDims, batch_exprs: frozenset[Any]) -> str | None:
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    flat = output.args[0] if isinstance(output.args[0], (tuple, list)) else [output.args[0]]
+    for i, node in enumerate(flat):
+        value = _value(node) if isinstance(node, fx.Node) else node
+        if isinstance(value, torch.Tensor):
+            dims = batch.dims(value)
+            if dims and (len(dims) > 1 or dims[0][0] != 0 or dims[0][1] not in batch_exprs):
+                shape = tuple(batch.expr(s) or s for s in value.shape)
+                return (
+                    f"output {i} has shape {shape}: only outputs whose dim 0 is the batch "
+                    f"(and no other dim) are sliced back to the real rows"
+                )
+        elif batch.expr(value) is not None:
+            return f"output {i} is {batch.expr(value)}, a size that padding would change"
+    return None
+
+
+def _check_ops(
+    gm: fx.GraphModule,
+    placeholders: list[fx.Node],
+    example_inputs: Sequence[Any],
+    batch: BatchDims,
+    trusted: Callable[[Any], bool],
+) -> str | None:
+    with fake_execution(example_inputs):
+        args = fresh_fakes(placeholders, example_inputs)
+        state = {StorageWeakRef(a.untyped_storage()) for a in args if isinstance(a, torch.Tensor)}
+        checker = _OpChecker(batch, lambda t: StorageWeakRef(t.untyped_storage()) in state)
+        with checker:
+            _Interpreter(gm, checker, trusted).run(*args)
+    return checker.reason
+
+
+class _OpChecker(TorchDispatchMode):
+    """Sees every aten op the graph dispatches on fake tensors; keeps the first failure."""
+
+    def __init__(self, batch: BatchDims, is_state: Callable[[torch.Tensor], bool]) -> None:
+        super().__init__()
+        self.batch = batch
+        self.is_state = is_state
+        self.node: fx.Node | None = None
+        self.reason: str | None = None
+        self.paused = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not self.paused and self.reason is None:
+            why = check_op(func, args, kwargs, out, self.batch, self.is_state)
+            self.record(why, f"aten.{func.name().split('::')[-1]}")
+        return out
+
+    def record(self, why: str | None, op: str) -> None:
+        if why is not None and self.reason is None:
+            self.reason = f"{_where(self.node)} ({op}) {why}"
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
+
+
+class _Interpreter(fx.Interpreter):
+    """Tells the checker which node runs; judges SDPA whole and skips trusted attention."""
+
+    def __init__(
+        self, gm: fx.GraphModule, checker: _OpChecker, trusted: Callable[[Any], bool]
+    ) -> None:
+        super().__init__(gm)
+        self.checker = checker
+        self.trusted = trusted
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.checker.node = n
+        if n.op != "call_function" or not (n.target is _SDPA or self.trusted(n.target)):
+            return super().run_node(n)
+        if n.target is _SDPA:
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            bound = {**dict(zip(_SDPA_ARGS, args, strict=False)), **kwargs}
+            why = check_sdpa(self.checker.batch, bound)
+            self.checker.record(why, "scaled_dot_product_attention")
+        with self.checker.pause():
+            return super().run_node(n)
+
+
+def _value(node: fx.Node) -> Any:
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _where(node: fx.Node | None) -> str:
+    """`code` (file:line) of the user's call behind a node, from Dynamo's stack trace."""
+    if node is None:
+        return "an op"
+    lines = [line.strip() for line in node.meta.get("stack_trace", "").strip().splitlines()]
+    frames = [i for i, line in enumerate(lines) if line.startswith("File ")]
+    if not frames or frames[-1] + 1 >= len(lines):
+        return f"`{node.name}`"
+    parts = lines[frames[-1]].split('"')
+    place = os.path.basename(parts[1]) if len(parts) > 2 else "?"
+    line_no = lines[frames[-1]].split("line ")[-1].split(",")[0]
+    return f"`{lines[frames[-1] + 1]}` ({place}:{line_no})"
