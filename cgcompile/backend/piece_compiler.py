@@ -10,12 +10,14 @@ layers) share one compiled artifact: N layers cost one compile, not N.
     compiled["submod_0"](*args)
 
 Optional `compile_sizes` add artifacts specialised to a concrete batch size; `PieceRunner`
-picks one by the batch-size argument at call time. Dynamo's `RestartAnalysis` must propagate:
-nothing here catches broad exceptions.
+picks one by the batch-size argument at call time, when the call's other sizes (ints, tensor
+shapes and strides) are the traced ones the artifact was compiled with. Dynamo's
+`RestartAnalysis` must propagate: nothing here catches broad exceptions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -33,18 +35,42 @@ Compiled = Callable[..., Any]
 
 
 class PieceRunner:
-    """Calls the general artifact, or the one specialised for the current batch size."""
+    """Calls the general artifact, or the one specialised for the current batch size when the
+    call's other sizes are those it was compiled with (`Specialized.matches`)."""
 
     def __init__(self, general: Compiled, shares_compile_with: str | None = None) -> None:
         self.general = general
         self.shares_compile_with = shares_compile_with
         self.size_index: int | None = None
-        self.by_size: dict[int, Compiled] = {}
+        self.by_size: dict[int, Specialized] = {}
 
     def __call__(self, *args: Any) -> Any:
         if self.by_size:
-            return self.by_size.get(args[self.size_index], self.general)(*args)
+            special = self.by_size.get(args[self.size_index])
+            if special is not None and special.matches(args):
+                return special.fn(*args)
         return self.general(*args)
+
+
+@dataclasses.dataclass(frozen=True)
+class Specialized:
+    """An artifact compiled for one batch size. Every other size in it is the value the graph
+    was traced with, so it serves only calls whose other ints and tensor shapes and strides
+    are those (`layout`); any other call takes the general artifact."""
+
+    fn: Compiled
+    layout: tuple[Any, ...]
+
+    def matches(self, args: Sequence[Any]) -> bool:
+        return _layout(args) == self.layout
+
+
+def _layout(args: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(
+        (tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a
+        for a in args
+        if isinstance(a, (torch.Tensor, int))
+    )
 
 
 def compile_one(gm: fx.GraphModule, args: Sequence[Any], compiler: str) -> Compiled:
@@ -67,15 +93,15 @@ def _compile_for_size(
     size: int,
     batch_exprs: frozenset[Any],
     returns_tuple: bool,
-) -> Compiled:
-    """Inductor artifact for real example inputs with the batch fixed to `size`."""
+) -> Specialized:
+    """Inductor artifact for real example inputs with the batch fixed to `size` and every other
+    size fixed to its traced value."""
     concrete = [_concretize(a, size, batch_exprs) for a in args]
     artifact = torch._inductor.standalone_compile(
         gm, concrete, dynamic_shapes="from_example_inputs"
     )
-    if returns_tuple:
-        return artifact
-    return lambda *a: artifact(*a)[0]  # the artifact always returns a sequence
+    fn = artifact if returns_tuple else lambda *a: artifact(*a)[0]  # always a sequence
+    return Specialized(fn, _layout(concrete))
 
 
 def _concretize(arg: Any, size: int, batch_exprs: frozenset[Any]) -> Any:
