@@ -26,6 +26,7 @@ class Rule(enum.Enum):
     """Why a mode or the capture sizes changed."""
 
     NO_GRAPH_RUNTIME = "no CUDA device and no simulated runtime: graphs are unavailable"
+    NEEDS_AUTOGRAD = "outputs that require grad: graphs are for inference"
     FULL_NEEDS_ALWAYS = "FULL needs attention support ALWAYS"
     DECODE_NEEDS_SUPPORT = "full decode graphs need attention support above NEVER"
     SPEC_DECODE_NEEDS_UNIFORM_BATCH = "full decode graphs with q > 1 need UNIFORM_BATCH"
@@ -63,6 +64,7 @@ def resolve_cudagraph_mode(
     splits_attention: bool,
     piecewise_available: bool = True,
     graphs_available: bool = True,
+    needs_autograd: bool = False,
     uniform_decode_query_len: int = 1,
     capture_sizes: tuple[int, ...] = (),
 ) -> Resolution:
@@ -70,6 +72,8 @@ def resolve_cudagraph_mode(
 
     `splits_attention`: the graph is split at its attention ops (attention can run eagerly
     between pieces). `piecewise_available`: splitting ops are configured at all.
+    `needs_autograd`: the graph's outputs require grad (a replayed graph records no autograd
+    history, so such graphs run without CUDA graphs).
     """
     q = uniform_decode_query_len
     reasons: list[Downgrade] = []
@@ -82,6 +86,8 @@ def resolve_cudagraph_mode(
     requested = mode
     if mode != NONE and not graphs_available:
         lower(Rule.NO_GRAPH_RUNTIME, NONE, "inputs are not on a CUDA device")
+    if mode != NONE and needs_autograd:
+        lower(Rule.NEEDS_AUTOGRAD, NONE, _AUTOGRAD_CAUSE)
     if mode == FULL and attention_support < AttentionCGSupport.ALWAYS:
         _check_not_never(attention_support)
         to = (
@@ -111,6 +117,13 @@ def resolve_cudagraph_mode(
                 Downgrade(Rule.SIZES_ROUNDED_TO_Q, mode, mode, f"{capture_sizes} -> {sizes}")
             )
     return Resolution(requested, mode, tuple(reasons), sizes)
+
+
+_AUTOGRAD_CAUSE = (
+    "grad mode is on and an input or parameter requires grad, so its outputs require grad; "
+    "this graph runs without CUDA graphs and gives eager's gradients. Run inference under "
+    "torch.no_grad() or torch.inference_mode() to use graphs (torch.compile traces it apart)"
+)
 
 
 def _check_not_never(support: AttentionCGSupport) -> None:

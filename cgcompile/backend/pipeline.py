@@ -70,6 +70,7 @@ def compile_graph(
         splits_attention=is_split_at(matcher, targets),
         piecewise_available=bool(matcher),
         graphs_available=runtime_kind is not None,
+        needs_autograd=_needs_autograd(gm),
         uniform_decode_query_len=config.uniform_decode_query_len,
         capture_sizes=_capture_sizes(config, plan),
     )
@@ -103,6 +104,14 @@ def compile_graph(
     return CompiledGraph(
         runnable, dispatcher, plan, report, wrappers, runtime, functools.partial(shapes_only, split)
     )
+
+
+def _needs_autograd(gm: fx.GraphModule) -> bool:
+    """Whether an output requires grad: Dynamo guards on grad mode and on each input's
+    requires_grad, so every call of this graph needs autograd, or none does."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = [a.meta.get("example_value") for a in output.all_input_nodes]
+    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
 
 
 def _is_attention(target: Any) -> bool:

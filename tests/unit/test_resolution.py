@@ -122,6 +122,14 @@ def test_graphs_unavailable_gives_none(mode: CUDAGraphMode) -> None:
     assert [r.rule for r in res.reasons] == [Rule.NO_GRAPH_RUNTIME]
 
 
+@pytest.mark.parametrize("mode", [PIECEWISE, FULL, FDO, FAP], ids=lambda m: m.name)
+def test_outputs_needing_autograd_give_none(mode: CUDAGraphMode) -> None:
+    res = resolve_cudagraph_mode(mode, ALWAYS, splits_attention=True, needs_autograd=True)
+    assert res.mode == NONE
+    assert [r.rule for r in res.reasons] == [Rule.NEEDS_AUTOGRAD]
+    assert "torch.no_grad()" in res.reasons[0].cause
+
+
 def test_downgrade_cause_names_the_support_level() -> None:
     res = resolve_cudagraph_mode(FULL, UNIFORM, splits_attention=True)
     assert "UNIFORM_BATCH" in res.reasons[0].cause
