@@ -16,7 +16,10 @@ CUDA = {"graph_runtime": "cuda"}
 
 
 def compile_fn(fn, **options):
-    return torch.compile(fn, backend="cudagraph_modes", options={**CUDA, **options})
+    """Captures on a key's first call unless told to warm up (`num_warmups=0`)."""
+    return torch.compile(
+        fn, backend="cudagraph_modes", options={**CUDA, "num_warmups": 0, **options}
+    )
 
 
 def newest_graph() -> cgcompile.CompiledGraph:
@@ -99,13 +102,18 @@ def test_graphs_share_one_pool(mode):
     """Graph memory of N sizes stays well below N x the memory of the largest alone."""
     from examples.llama import Llama, LlamaConfig, make_inputs
 
-    cfg = LlamaConfig(num_layers=4, hidden=256, heads=4, ffn=512, vocab=1024, cache_len=64)
+    cfg = LlamaConfig(num_layers=4, hidden=256, heads=4, ffn=512, vocab=1024, cache_len=256)
     model = Llama(cfg).to("cuda").eval()
     sizes = [256, 192, 128, 64, 32]
     f = torch.compile(
         model,
         backend="cudagraph_modes",
-        options={**CUDA, "cudagraph_mode": mode, "cudagraph_capture_sizes": sorted(sizes)},
+        options={
+            **CUDA,
+            "cudagraph_mode": mode,
+            "cudagraph_capture_sizes": sorted(sizes),
+            "num_warmups": 0,
+        },
     )
     memory = []
     with torch.no_grad():

@@ -42,6 +42,8 @@ def runtime() -> CUDAGraphRuntime:
 def wrap(
     fn: Callable[..., Any], runtime: CUDAGraphRuntime, mode: CUDAGraphMode = PIECEWISE, **kw: Any
 ) -> CUDAGraphWrapper:
+    """A wrapper that captures on the first call unless told to warm up."""
+    kw.setdefault("num_warmups", 0)
     return CUDAGraphWrapper(fn, mode, runtime, name="toy", **kw)
 
 
@@ -72,8 +74,9 @@ def test_replay_does_not_run_python(runtime: CUDAGraphRuntime) -> None:
     wrapper = wrap(fn, runtime, num_warmups=1)
     x = cuda_arange(4)
     with in_mode(PIECEWISE):
-        wrapper(x)
-        assert fn.calls == 1 + 1  # warmup + the capture call that records the kernels
+        wrapper(x)  # the warm-up call runs fn
+        wrapper(x)  # capture records the kernels by running fn's Python once, then replays
+        assert fn.calls == 2
         out = wrapper(x)
     assert fn.calls == 2
     torch.testing.assert_close(out, x * 2 + 1)
