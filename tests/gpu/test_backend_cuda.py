@@ -37,7 +37,7 @@ def test_silly_piecewise_counters_cuda(compiler):
         num_backend_compilations=3,
         num_cudagraph_captured=6,
     ):
-        for n in (2, 1):
+        for n in (2, 2, 1):  # the graph's first call runs its pieces without graphs
             x = dyn(torch.randn(n, device="cuda"))
             torch.testing.assert_close(f(x), silly_closed_form(x))
     silly.CALLS["n"] = 0
@@ -51,7 +51,8 @@ def test_full_replay_runs_no_python():
         silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[4], compiler="inductor"
     )
     x = dyn(torch.randn(4, device="cuda"))
-    f(x)  # compile, warm up, capture, replay
+    f(x)  # compile; the first run without graphs
+    f(x)  # capture, replay
     silly.CALLS["n"] = 0
     for _ in range(3):
         x = dyn(torch.randn(4, device="cuda"))
@@ -92,7 +93,8 @@ def test_new_unmanaged_input_raises_cuda():
     )
     first = dyn(torch.randn(4, 3, device="cuda"))  # kept alive: its block is not reused
     with cgcompile.set_forward_context(CUDAGraphMode.PIECEWISE, cgcompile.BatchDescriptor(4)):
-        f(first)
+        f(first)  # compile; the first run without graphs
+        f(first)  # capture
         with pytest.raises(CaptureError, match="address"):
             f(dyn(torch.randn(4, 3, device="cuda")))
 
@@ -117,6 +119,7 @@ def test_graphs_share_one_pool(mode):
     )
     memory = []
     with torch.no_grad():
+        f(*dyn(*make_inputs(cfg, 1, "cuda")))  # the first run, without graphs (no capture size)
         for n in sizes:  # largest first, as bulk capture does
             f(*dyn(*make_inputs(cfg, n, "cuda")))
             memory.append(newest_graph().runtime.memory_bytes())
@@ -130,6 +133,7 @@ def test_outputs_are_overwritten_by_the_next_replay():
     f = compile_fn(
         silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[4], compiler="inductor"
     )
+    f(dyn(torch.randn(4, device="cuda")))  # the first run, without graphs
     a = dyn(torch.randn(4, device="cuda"))
     out_a = f(a)
     kept = out_a.clone()

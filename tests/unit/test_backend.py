@@ -76,6 +76,7 @@ def test_silly_piecewise_counters(compiler):
         num_backend_compilations=3,
         num_cudagraph_captured=6,  # 2 sizes x 3 pieces
     ):
+        f(dyn(torch.randn(2)))  # a graph's first call runs its pieces once, without graphs
         x2 = dyn(torch.randn(2))
         torch.testing.assert_close(f(x2), silly_closed_form(x2))
         x1 = dyn(torch.randn(1))
@@ -87,7 +88,8 @@ def test_silly_replay_runs_attention_between_pieces(compiler):
     f = compile_fn(
         silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2], compiler=compiler
     )
-    f(dyn(torch.randn(2)))
+    for _ in range(2):  # warm-up (the pieces' first run), capture
+        f(dyn(torch.randn(2)))
     silly.CALLS["n"] = 0
     with counters.expect(num_cudagraph_captured=0):
         out = f(dyn(torch.zeros(2)))
@@ -163,7 +165,8 @@ def test_new_unmanaged_input_raises_on_first_replay():
     desc = cgcompile.BatchDescriptor(4)
     first = dyn(torch.randn(4, 3))  # kept alive, so the next tensor cannot reuse its memory
     with cgcompile.set_forward_context(CUDAGraphMode.PIECEWISE, desc):
-        f(first)  # compiles and captures on this tensor's address
+        f(first)  # compiles; the pieces' first run
+        f(first)  # captures on this tensor's address
         with pytest.raises(CaptureError, match="address"):
             f(dyn(torch.randn(4, 3)))  # manual mode: nobody copies the new tensor in
 
@@ -283,6 +286,7 @@ def test_report_lists_captured_keys():
     )
     x = dyn(torch.randn(3))
     with cgcompile.batch_hint(uniform_decode=True):
+        f(x)  # the first call runs without graphs
         f(x)
     f(x)
     report = the_graph().report
@@ -353,7 +357,7 @@ def test_every_piece_of_a_forward_shares_one_key():
             "num_warmups": 0,
         },
     )
-    for seq in (3, 5):
+    for seq in (3, 3, 5):  # the first call runs without graphs
         f(torch.randn(4, seq, 8))
     keys = [set(w.captured_keys()) for w in the_graph().wrappers]
     assert all(k == keys[0] for k in keys) and len(keys[0]) == 2
@@ -425,7 +429,7 @@ def test_backed_batch_graph_captures_no_size_it_cannot_run():
 
 @pytest.mark.parametrize(
     ("first", "expected"),
-    [(3, 2 * 3 + 3), (9, 3 * 3 + 3)],
+    [(3, 3 * 3 + 3), (9, 3 * 3 + 3)],
     ids=["after-a-graph-call", "after-an-eager-call"],
 )
 def test_capture_all_captures_every_key_once(first, expected):
@@ -435,7 +439,7 @@ def test_capture_all_captures_every_key_once(first, expected):
         compiler="eager",
         cudagraph_capture_sizes=[1, 2, 4],
     )
-    f(dyn(torch.randn(first)))  # 3: PIECEWISE key 4 (3 pieces) captured; 9: above max, eager
+    f(dyn(torch.randn(first)))  # 3: PIECEWISE key 4 warms up (first run); 9: above max, eager
     # all keys: PIECEWISE 4, 2, 1 (3 pieces each) + FULL decode 4, 2, 1
     assert cgcompile.capture_all(progress=False) == expected
     with counters.expect(num_cudagraph_captured=0):
