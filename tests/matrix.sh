@@ -18,6 +18,9 @@ PYTHON="${PYTHON:-python3}"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"  # as in .ci/run
 LOGS="$ROOT/logs"
 mkdir -p "$LOGS"
+# the tree under test, read before the run: the venvs import this checkout as it is
+commit=$(git -C "$REPO" rev-parse --short HEAD)
+git -C "$REPO" diff --quiet HEAD || commit="$commit (uncommitted changes)"
 
 has_torch() {  # $1 venv, $2 version: the venv's torch is that release
     "$1/bin/python" -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$2')" \
@@ -61,8 +64,6 @@ print('yes' if SHARED_UNBACKED_BATCH.available else 'no')")
     [ $unit_rc -eq 0 ] && [ $quick_rc -eq 0 ] || failed=1
 done
 
-commit=$(git -C "$REPO" rev-parse --short HEAD)
-git -C "$REPO" diff --quiet HEAD || commit="$commit (uncommitted changes)"
 echo
 echo "Matrix run $(date -u +%Y-%m-%d), commit $commit, $("$PYTHON" --version), CPU only"
 echo "(\`tests/unit\` with HYPOTHESIS_PROFILE=$HYPOTHESIS_PROFILE; \`examples/quickstart.py\`)"
