@@ -7,9 +7,11 @@ import torch
 
 import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
+from cgcompile.torch_features import SHARED_UNBACKED_BATCH
 from tests.support import silly
 from tests.support.differential import check_llama_matches_eager
 from tests.support.models import MODES, dyn, fresh_model, silly_closed_form, silly_model
+from tests.support.requires import needs
 
 pytestmark = pytest.mark.cuda
 CUDA = {"graph_runtime": "cuda"}
@@ -26,6 +28,7 @@ def newest_graph() -> cgcompile.CompiledGraph:
     return cgcompile.compiled_graphs()[-1]
 
 
+@needs(SHARED_UNBACKED_BATCH)  # one trace for sizes 2 and 1
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 def test_silly_piecewise_counters_cuda(compiler):
     f = compile_fn(
@@ -60,7 +63,9 @@ def test_full_replay_runs_no_python():
     assert silly.CALLS["n"] == 0  # the attention op lives inside the graph
 
 
-@pytest.mark.parametrize("batch", ["unbacked", "backed"])
+@pytest.mark.parametrize(
+    "batch", [pytest.param("unbacked", marks=needs(SHARED_UNBACKED_BATCH)), "backed"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 @pytest.mark.parametrize("mode", MODES)

@@ -12,9 +12,11 @@ import torch
 
 import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
+from cgcompile.torch_features import SHARED_UNBACKED_BATCH
 from tests.support import silly
 from tests.support.differential import check_llama_matches_eager
 from tests.support.models import MODES, SeqModel, dyn, fresh_model, silly_closed_form, silly_model
+from tests.support.requires import needs
 
 SIM = {"graph_runtime": "simulated"}
 
@@ -64,6 +66,7 @@ def test_bad_option_reaches_config_error():
         f(torch.ones(2))
 
 
+@needs(SHARED_UNBACKED_BATCH)  # one trace for sizes 2 and 1
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 def test_silly_piecewise_counters(compiler):
     f = compile_fn(
@@ -135,7 +138,10 @@ def test_nested_none_mode_captures_nothing():
     assert full.num_captures == 0 and all(p.num_captures == 0 for p in pieces)
 
 
-@pytest.mark.parametrize("batch", ["unbacked", "backed", "backed-hint"])
+@pytest.mark.parametrize(
+    "batch",
+    [pytest.param("unbacked", marks=needs(SHARED_UNBACKED_BATCH)), "backed", "backed-hint"],
+)
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 @pytest.mark.parametrize("mode", MODES)
 def test_differential_llama_matches_eager(mode, compiler, batch):
@@ -375,7 +381,25 @@ def test_backed_batch_marking_traces_batch_one_separately():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # batch 1 specialises
 
 
-def test_batch_hint_reaches_the_shape_env_and_batch_one_still_runs():
+def test_batch_hint_is_the_size_dynamo_traces_and_batch_one_still_runs():
+    hints: list[list[int]] = []
+
+    def spy(gm, example_inputs):
+        placeholders = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
+        sizes = [v.shape[0] for v in placeholders if isinstance(v, torch.Tensor)]
+        hints.append([s.node.hint for s in sizes if isinstance(s, torch.SymInt)])
+        return gm.forward
+
+    f = torch.compile(lambda x: (x * 2).sum(-1), backend=spy)
+    for n in (3, 1, 5):
+        x = torch.randn(n, 4)
+        cgcompile.mark_dynamic_batch(x, hint=512)
+        torch.testing.assert_close(f(x), (x * 2).sum(-1))
+    assert hints == [[512], []]  # batch 1: own graph, static, no hint
+
+
+@needs(SHARED_UNBACKED_BATCH)
+def test_batch_hint_reaches_the_shape_env_of_an_unbacked_batch():
     hints: list[dict] = []
 
     def spy(gm, example_inputs):
@@ -384,22 +408,17 @@ def test_batch_hint_reaches_the_shape_env_and_batch_one_still_runs():
         return gm.forward
 
     f = torch.compile(lambda x: (x * 2).sum(-1), backend=spy)
-    for n in (3, 1, 5):
-        x = torch.randn(n, 4)
-        cgcompile.mark_dynamic_batch(x, hint=512)
-        torch.testing.assert_close(f(x), (x * 2).sum(-1))
-    assert [sorted(h.values()) for h in hints] == [[512], []]  # batch 1: own graph, no hint
-    torch._dynamo.reset()
-    hints.clear()
     for n in (1, 3):  # unbacked: one graph for every size, batch 1 included, hinted
         x = torch.randn(n, 4)
         cgcompile.mark_dynamic_batch(x, hint=512, unbacked=True)
         torch.testing.assert_close(f(x), (x * 2).sum(-1))
-    if cgcompile.dynamic._HAS_SHAPE_ID:
-        assert [sorted(h.values()) for h in hints] == [[512]]
-    for bad in (0, True, 2.0):
-        with pytest.raises(ValueError, match="hint must be a positive int"):
-            cgcompile.mark_dynamic_batch(torch.randn(2), hint=bad)
+    assert [sorted(h.values()) for h in hints] == [[512]]
+
+
+@pytest.mark.parametrize("bad", [0, True, 2.0], ids=["zero", "bool", "float"])
+def test_batch_hint_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match="hint must be a positive int"):
+        cgcompile.mark_dynamic_batch(torch.randn(2), hint=bad)
 
 
 def test_backed_batch_graph_captures_no_size_it_cannot_run():
@@ -427,6 +446,7 @@ def test_backed_batch_graph_captures_no_size_it_cannot_run():
                     torch.testing.assert_close(f(x), silly_closed_form(x))
 
 
+@needs(SHARED_UNBACKED_BATCH)  # one graph holds every key, size 1 included
 @pytest.mark.parametrize(
     ("first", "expected"),
     [(3, 3 * 3 + 3), (9, 3 * 3 + 3)],

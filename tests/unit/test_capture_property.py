@@ -10,11 +10,14 @@ from hypothesis import strategies as st
 
 import cgcompile
 from cgcompile import CUDAGraphMode, counters
+from cgcompile.torch_features import SHARED_UNBACKED_BATCH
 from tests.support.models import silly_closed_form, silly_model
+from tests.support.requires import needs
 
 PIECES = 3  # capturable pieces of silly_model
 
 
+@needs(SHARED_UNBACKED_BATCH)  # one graph, one dispatcher for every size
 @given(
     mode=st.sampled_from([m.name for m in CUDAGraphMode]),
     calls=st.lists(st.tuples(st.integers(1, 10), st.booleans()), min_size=1, max_size=12),
