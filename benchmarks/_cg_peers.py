@@ -21,6 +21,7 @@ from benchmarks._harness import (
     release,
 )
 from benchmarks._timing import Step, memory_delta_mb, memory_snapshot, timed_call
+from examples.llama import mark_batch
 
 # Which batch kinds (uniform_decode hint) have their own graphs to capture in each mode.
 SWEEP_HINTS = {
@@ -58,7 +59,7 @@ class CGCompileRun:
     def inputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh inputs with the batch dim marked dynamic (done for every new tensor)."""
         tokens, positions = self.bench.inputs(n)
-        self.cg.mark_dynamic_batch(tokens, positions, hint=self.hint)
+        mark_batch(self.bench.s.cfg, tokens, positions, hint=self.hint)
         return tokens, positions
 
     def call(self, tokens: torch.Tensor, positions: torch.Tensor, uniform: bool = False) -> Any:

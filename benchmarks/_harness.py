@@ -96,8 +96,16 @@ class Bench:
         self.clock = clock
         self.model = Llama(settings.cfg).to(settings.device, settings.dtype).eval()
         self.peers: dict[str, dict[str, Any]] = {}
+        self._initial_state = {k: v.clone() for k, v in self.model.named_buffers()}
         tokens, positions = self.inputs(settings.check_workload.num_tokens)
         self.reference = self.model(tokens, positions).clone()
+
+    @torch.no_grad()
+    def reset_state(self) -> None:
+        """Give the model its first KV caches back (every step writes them), so each peer's
+        check starts where the eager reference did."""
+        for name, buffer in self.model.named_buffers():
+            buffer.copy_(self._initial_state[name])
 
     def inputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh tensors with the same values for every peer (seeded by n)."""
@@ -112,6 +120,7 @@ class Bench:
         """Check one workload against eager, then time every workload (errors recorded)."""
         s = self.s
         result: dict[str, Any] = {"latency_ms": {}}
+        self.reset_state()
         result["check"] = {
             "workload": s.check_workload.name,
             **compare(make_step(s.check_workload)(), self.reference, s.tol),

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cgcompile  # noqa: E402
 import cgcompile.backend.pipeline as pipeline  # noqa: E402
 from cgcompile.forward_context import current_forward_context, set_forward_context  # noqa: E402
-from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
+from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
 
 
 class NullGraph:
@@ -100,7 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     mode = args.mode
     pipeline.make_graph_runtime = lambda kind, device=None: NullRuntime()
-    cfg = LlamaConfig(num_layers=16, hidden=64, heads=4, ffn=128, vocab=256, cache_len=16)
+    cfg = LlamaConfig(num_layers=16, hidden=64, heads=4, ffn=128, vocab=256, cache_len=64)
     model = Llama(cfg).eval()
     # "simulated" passes the CPU check; the patched factory hands out the no-op runtime instead
     options = {"cudagraph_mode": mode, "compiler": "eager", "graph_runtime": "simulated"}
@@ -109,7 +109,7 @@ def main() -> None:
         options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     compiled = torch.compile(model, backend="cudagraph_modes", options=options)
     tokens, positions = make_inputs(cfg, 8, "cpu")
-    cgcompile.mark_dynamic_batch(tokens, positions)
+    mark_batch(cfg, tokens, positions)
 
     def step() -> Any:
         with cgcompile.batch_hint(uniform_decode=False):

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cgcompile  # noqa: E402
 from benchmarks._hand_graphs import HandFullGraph, HandPiecewise  # noqa: E402
 from benchmarks._timing import gpu_time_per_step_ms, time_steps  # noqa: E402
-from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
+from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
 
 WORKLOADS = [(1, True), (8, True), (256, True), (1024, False)]  # (tokens, uniform decode)
 SKIP_MODULE_GUARDS = {"guard_filter_fn": "skip_guard_on_all_nn_modules_unsafe"}
@@ -85,7 +85,7 @@ def step_maker(row: str, model: Llama) -> Callable[[int, bool], Step]:
 
     def make(n: int, uniform: bool) -> Step:
         tokens, positions = inputs(n)
-        cgcompile.mark_dynamic_batch(tokens, positions, unbacked=unbacked, hint=hint)
+        mark_batch(model.cfg, tokens, positions, unbacked=unbacked, hint=hint)
 
         def step() -> Any:
             with cgcompile.batch_hint(uniform_decode=uniform):

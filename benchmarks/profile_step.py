@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cgcompile  # noqa: E402
-from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
+from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
 
 
 def host_and_device_ms(step, device: torch.device, n: int = 50) -> tuple[float, float]:
@@ -45,7 +45,7 @@ def profile_mode(model: Llama, mode: str, tokens: int, uniform: bool, out: Path 
     options = {"cudagraph_mode": mode, "max_cudagraph_capture_size": 1024}
     compiled = torch.compile(model, backend="cudagraph_modes", options=options)
     inputs = make_inputs(model.cfg, tokens, "cuda")
-    cgcompile.mark_dynamic_batch(*inputs)
+    mark_batch(model.cfg, *inputs)
 
     def step():
         with cgcompile.batch_hint(uniform_decode=uniform):

@@ -2,15 +2,15 @@
 
 By default the batch dim is marked dynamic with a backed size (`mark_dynamic`): Dynamo traces
 batches >= 2 once and batch 1 once more (it specialises size 1), and Inductor compiles each with
-the size's example value as a hint. `unbacked=True` marks it unbacked instead (on torch builds
-whose `mark_unbacked` takes a `shape_id`, with one id shared by the inputs), so every size
-including 1 shares ONE trace, at a cost measured on the H200 (torch 2.11, bf16 Llama, 16
-layers): Inductor's code for an unbacked batch ran 272 kernels per step instead of 194, and
-13% (8 tokens) to 36% (1024 tokens) more GPU time than the backed or static code, which matched
-each other (docs/BENCHMARKS.md). An unbacked size also has no example value, so code that asks
-`n == 1` while tracing cannot be traced: on torch 2.11 with CUDA, SDPA's cuDNN eligibility check
-does that and Dynamo breaks the graph at every attention call unless that kernel is disabled
-(`torch.backends.cuda.enable_cudnn_sdp(False)`).
+the size's example value as a hint. `unbacked=True` marks it unbacked instead (with one
+`shape_id` shared by the inputs; torch >= 2.11, older torch logs a warning once and marks the
+batch backed), so every size including 1 shares ONE trace, at a cost measured on the H200 (torch
+2.11, bf16 Llama, 16 layers): Inductor's code for an unbacked batch ran 272 kernels per step
+instead of 194, and 13% (8 tokens) to 36% (1024 tokens) more GPU time than the backed or static
+code, which matched each other (docs/BENCHMARKS.md). An unbacked size also has no example value,
+so code that asks `n == 1` while tracing cannot be traced: on torch 2.11 with CUDA, SDPA's cuDNN
+eligibility check does that and Dynamo breaks the graph at every attention call unless that
+kernel is disabled (`torch.backends.cuda.enable_cudnn_sdp(False)`).
 
     cgcompile.mark_dynamic_batch(tokens, positions)                 # fast kernels, 2 traces
     cgcompile.mark_dynamic_batch(tokens, positions, unbacked=True)  # one trace for 1..max
@@ -30,19 +30,18 @@ rejects a hinted size 1).
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 from torch._dynamo.decorators import mark_unbacked
 
+from cgcompile import torch_features
 from cgcompile.errors import ConfigError, ConfigTypeError
 from cgcompile.options import MAX_CAPTURE_SIZE, as_bool, as_index, show
 
 _SHAPE_ID = "cgcompile_batch"
 PAD_ATTRIBUTE = "_cgcompile_pad_value"
 """The tensor attribute `pad_value=` sets; the backend reads it from a graph's example inputs."""
-_HAS_SHAPE_ID = "shape_id" in inspect.signature(mark_unbacked).parameters
 
 
 def mark_dynamic_batch(
@@ -67,10 +66,13 @@ def mark_dynamic_batch(
     """
     dim, hint = _check_batch_args(tensors, dim, unbacked, hint)
     _check_pad_value(pad_value)
+    if unbacked and not torch_features.SHARED_UNBACKED_BATCH.available:
+        torch_features.warn_missing(torch_features.SHARED_UNBACKED_BATCH)
+        unbacked = False
     for t in tensors:
         if pad_value is not None:
             setattr(t, PAD_ATTRIBUTE, pad_value)
-        if unbacked and _HAS_SHAPE_ID:
+        if unbacked:
             mark_unbacked(t, dim, hint_override=hint, shape_id=_SHAPE_ID)
         else:
             # a size-1 dim is specialised anyway; a hint on it trips Dynamo's guard check

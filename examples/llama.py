@@ -1,20 +1,24 @@
-"""A small Llama-style decoder whose batch dimension is the number of tokens.
+"""A small Llama-style decoder whose batch dimension is the number of tokens, with a KV cache
+written in place every step, as a real one.
 
-`Llama(cfg)(tokens, positions)` maps N tokens and their positions (LongTensor[N] each) to
-logits [N, vocab]. Each layer attends over a STATIC, read-only KV cache (random buffers
-`k_cache`/`v_cache` filled once from a seed): the new tokens' keys and values are never written
-into it, so the k/v projections of a real model are left out (they would be dead code) and
-every output row depends only on its own token and position. Padding a batch with extra rows can
-therefore never change the real rows, which is what CUDA-graph padding needs; see
-`check_rows_independent`.
+`Llama(cfg)(tokens, positions)` maps N tokens and their positions (LongTensor[N] each, distinct
+positions in [0, cache_len)) to logits [N, vocab]. Each layer projects q, k and v, writes the
+new tokens' rotated keys and values into its KV cache buffers (`k_cache`/`v_cache`, random from
+a seed) at their positions (`index_copy_`), then every token attends over all `cache_len` cached
+positions (non-causal: a context window shared by the batch). The caches have one more slot,
+`cache_len`, that no token reads: the trash slot where padded rows write. Declare it when the
+batch is marked dynamic, so padding to a capture size never writes a slot eager would not:
 
     model = Llama(LlamaConfig.tiny())
-    logits = model(*make_inputs(model.cfg, 8, "cpu"))    # [8, 256]
+    tokens, positions = make_inputs(model.cfg, 8, "cpu")
+    mark_batch(model.cfg, tokens, positions)   # dynamic batch; padded rows write the trash slot
+    logits = compiled(tokens, positions)       # [8, 256]; the caches now hold the 8 new entries
 
-Each layer exposes `pre_attention`, `attention` and `post_attention`, which `forward` uses, so
-a benchmark can split the model at its SDPA calls by hand. Traceable with `dynamic=True` and with
-an unbacked batch dim (`mark_unbacked`); on CUDA with torch <= 2.11 the latter also needs cuDNN
-attention off (`torch.backends.cuda.enable_cudnn_sdp(False)`): its eligibility check asks N == 1.
+Each layer exposes `pre_attention` (projections and cache write), `attention` and
+`post_attention`, which `forward` uses, so a benchmark can split the model at its SDPA calls by
+hand. Traceable with `dynamic=True` and with an unbacked batch dim (`mark_unbacked`); on CUDA
+with torch <= 2.11 the latter also needs cuDNN attention off
+(`torch.backends.cuda.enable_cudnn_sdp(False)`): its eligibility check asks N == 1.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import cgcompile
+
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
@@ -33,13 +39,18 @@ class LlamaConfig:
     heads: int = 4
     ffn: int = 128
     vocab: int = 256
-    cache_len: int = 16
+    cache_len: int = 1024
     rope_theta: float = 10000.0
     eps: float = 1e-5
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def trash_slot(self) -> int:
+        """The cache slot no token reads: the position padded rows should carry."""
+        return self.cache_len
 
     @classmethod
     def tiny(cls) -> LlamaConfig:
@@ -48,8 +59,9 @@ class LlamaConfig:
 
     @classmethod
     def bench(cls) -> LlamaConfig:
-        """The benchmark model: 16 layers, hidden 1024, 32k vocab (about 236M parameters)."""
-        return cls(num_layers=16, hidden=1024, heads=16, ffn=2816, vocab=32000, cache_len=512)
+        """The benchmark model: 16 layers, hidden 1024, 32k vocab (about 270M parameters), a
+        2048-token context."""
+        return cls(num_layers=16, hidden=1024, heads=16, ffn=2816, vocab=32000, cache_len=2048)
 
 
 class RMSNorm(nn.Module):
@@ -65,13 +77,13 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary embedding; its cos/sin tables are buffers indexed by positions (< cache_len)."""
+    """Rotary embedding; its cos/sin tables are buffers indexed by positions (<= cache_len)."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         half = cfg.head_dim // 2
         inv_freq = cfg.rope_theta ** (-torch.arange(half, dtype=torch.float64) / half)
-        angles = torch.arange(cfg.cache_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        angles = torch.arange(cfg.cache_len + 1, dtype=torch.float64)[:, None] * inv_freq[None, :]
         self.register_buffer("cos", angles.cos().float())
         self.register_buffer("sin", angles.sin().float())
 
@@ -90,26 +102,36 @@ class Layer(nn.Module):
         self.rotary = rotary
         self.attn_norm = RMSNorm(cfg.hidden, cfg.eps)
         self.wq = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.wk = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.wv = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.wo = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.mlp_norm = RMSNorm(cfg.hidden, cfg.eps)
         self.w1 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
         self.w3 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
         self.w2 = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
-        cache_shape = (1, cfg.heads, cfg.cache_len, cfg.head_dim)
+        cache_shape = (1, cfg.heads, cfg.cache_len + 1, cfg.head_dim)  # + the trash slot
         self.register_buffer("k_cache", torch.zeros(cache_shape))
         self.register_buffer("v_cache", torch.zeros(cache_shape))
 
     def pre_attention(
         self, x: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(residual, q): q is [1, heads, N, head_dim], rotated by each token's position."""
-        q = self.wq(self.attn_norm(x)).view(-1, self.cfg.heads, self.cfg.head_dim)
-        q = self.rotary(q, positions)
+        """(residual, q): q is [1, heads, N, head_dim], rotated by each token's position; the
+        tokens' rotated keys and values are written into the caches at their positions."""
+        h = self.attn_norm(x)
+        q, k = (self.rotary(self._heads(w(h)), positions) for w in (self.wq, self.wk))
+        for cache, new in ((self.k_cache, k), (self.v_cache, self._heads(self.wv(h)))):
+            cache.index_copy_(2, positions, new.transpose(0, 1).unsqueeze(0))
         return x, q.transpose(0, 1).unsqueeze(0)
 
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1, self.cfg.heads, self.cfg.head_dim)
+
     def attention(self, q: torch.Tensor) -> torch.Tensor:
-        """Non-causal: every token attends over all cache_len cached positions."""
-        return F.scaled_dot_product_attention(q, self.k_cache, self.v_cache)
+        """Non-causal: every token attends over all cache_len cached positions (not the trash
+        slot)."""
+        n = self.cfg.cache_len
+        return F.scaled_dot_product_attention(q, self.k_cache[:, :, :n], self.v_cache[:, :, :n])
 
     def post_attention(self, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         x = residual + self.wo(attn.squeeze(0).transpose(0, 1).reshape(-1, self.cfg.hidden))
@@ -163,21 +185,19 @@ def make_inputs(
     device: torch.device | str,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """N random non-zero tokens and positions in [0, cache_len), drawn on CPU then moved."""
+    """N random non-zero tokens and N distinct positions in [0, cache_len) (two tokens of one
+    step never write the same cache slot), drawn on CPU then moved."""
+    if n > cfg.cache_len:
+        raise ValueError(f"{n} tokens need distinct positions, but cache_len is {cfg.cache_len}")
     g = generator if generator is not None else torch.Generator().manual_seed(n)
     tokens = torch.randint(1, cfg.vocab, (n,), generator=g)
-    positions = torch.randint(0, cfg.cache_len, (n,), generator=g)
+    positions = torch.randperm(cfg.cache_len, generator=g)[:n]
     return tokens.to(device), positions.to(device)
 
 
-@torch.no_grad()
-def check_rows_independent(
-    model: nn.Module, tokens: torch.Tensor, positions: torch.Tensor, atol: float = 1e-5
-) -> None:
-    """Raise unless each output row equals the model run on that row alone (padding is safe)."""
-    batch = model(tokens, positions)
-    for i in range(tokens.shape[0]):
-        alone = model(tokens[i : i + 1], positions[i : i + 1])
-        err = (batch[i : i + 1] - alone).abs().max().item()
-        if err > atol:
-            raise AssertionError(f"row {i} depends on other rows: max diff {err:.3g} > {atol}")
+def mark_batch(cfg: LlamaConfig, tokens: torch.Tensor, positions: torch.Tensor, **kwargs) -> None:
+    """Mark the batch dim of both inputs dynamic (`kwargs`: `unbacked`, `hint`) and declare the
+    trash slot as the position of padded rows, so their cache writes land where no token reads.
+    """
+    cgcompile.mark_dynamic_batch(tokens, **kwargs)
+    cgcompile.mark_dynamic_batch(positions, pad_value=cfg.trash_slot, **kwargs)

@@ -56,14 +56,17 @@ class CUDAGraphWrapper:
     2. key = the context's `graph_key` (batch descriptor, the forward's dynamic sizes), built
        once per forward, else (batch descriptor, this call's int args);
     3. unseen key: the first `num_warmups` calls of it are `_warmup` calls: they run `runnable`
-       and return its result (allocator growth, autotuning and lazy init happen there). The next
-       call `_capture`s (copy args at copy_arg_indices into static buffers, record input
-       addresses, record the graph) and `_replay`s at once. Capture runs nothing, so every call
+       and return its result (allocator growth, autotuning and lazy init happen there; a
+       wrapper whose callable never ran warms up once whatever `num_warmups` says, since a
+       compiled kernel's first run cannot happen inside a capture). The next call `_capture`s
+       (copy args at copy_arg_indices into static buffers, record input addresses, record the
+       graph) and `_replay`s at once. Capture runs nothing, so every call
        runs the callable's work exactly once, as an eager call would. A `CaptureError` is
        logged at WARNING once per wrapper, counted, and the key runs eagerly from then on;
     4. the context's `capture_only` (set by `capture_all`): record an unseen key's graph without
        warm-up or replay and return its uncomputed outputs (a known key returns its graph's
-       outputs, unreplayed); a `CaptureError` propagates and the key is left to lazy capture;
+       outputs, unreplayed); a `CaptureError` propagates and the key is left to lazy capture,
+       as is every key of a wrapper whose callable never ran;
     5. known key: on its first replay `_verify` that inputs sit where the graph reads them
        (raising `CaptureError` otherwise); then, inline on later calls: copy args into static
        buffers, replay, return the graph's output objects (overwritten by the next replay).
@@ -101,6 +104,8 @@ class CUDAGraphWrapper:
         """Total wall time spent in captures (warm-up runs excluded)."""
         self.warmup_calls: dict[GraphKey, int] = {}
         """Warm-up calls run so far per key not yet captured."""
+        self.ran = False
+        """Whether `runnable` ran outside a capture (a warm-up or a pass-through call)."""
         self._int_positions: tuple[int, ...] | None = None
         self._warned = False
 
@@ -117,6 +122,7 @@ class CUDAGraphWrapper:
         ctx = current_forward_context()
         # self.runtime_mode is never NONE, so this also passes NONE through
         if ctx is None or ctx.cudagraph_runtime_mode is not self.runtime_mode:
+            self.ran = True
             return self.runnable(*args)
         key = ctx.graph_key or self._key(ctx, args)
         entry = self.entries.get(key)
@@ -126,11 +132,11 @@ class CUDAGraphWrapper:
                     buffer.copy_(args[i])
             return entry.graph.replay()
         if ctx.capture_only:
-            return entry.graph.output if entry else self._capture(key, args, dry_run=True)[1]
+            return entry.graph.output if entry else self._capture_only(key, args)
         if entry is None:
             if key in self.failed_keys:
                 return self.runnable(*args)
-            if self.warmup_calls.get(key, 0) < self.num_warmups:
+            if not self.ran or self.warmup_calls.get(key, 0) < self.num_warmups:
                 return self._warmup(key, args)
             return self._capture_and_replay(key, args)
         self._verify(entry, args)
@@ -157,7 +163,16 @@ class CUDAGraphWrapper:
         """A call of a key not captured yet runs eagerly: allocator growth, autotuning and lazy
         init happen outside the capture, and the call's result is the eager one."""
         self.warmup_calls[key] = self.warmup_calls.get(key, 0) + 1
+        self.ran = True
         return self.runnable(*args)
+
+    def _capture_only(self, key: GraphKey, args: tuple[Any, ...]) -> Any:
+        if not self.ran:
+            raise CaptureError(
+                f"{self.name}: its callable has not run yet, and a compiled kernel's first run "
+                f"cannot happen inside a capture; call the compiled model once in this mode"
+            )
+        return self._capture(key, args, dry_run=True)[1]
 
     def _capture(
         self, key: GraphKey, args: tuple[Any, ...], dry_run: bool = False

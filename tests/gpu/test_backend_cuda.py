@@ -7,22 +7,28 @@ import torch
 
 import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
+from cgcompile.torch_features import SHARED_UNBACKED_BATCH
 from tests.support import silly
 from tests.support.differential import check_llama_matches_eager
 from tests.support.models import MODES, dyn, fresh_model, silly_closed_form, silly_model
+from tests.support.requires import needs
 
 pytestmark = pytest.mark.cuda
 CUDA = {"graph_runtime": "cuda"}
 
 
 def compile_fn(fn, **options):
-    return torch.compile(fn, backend="cudagraph_modes", options={**CUDA, **options})
+    """Captures on a key's first call unless told to warm up (`num_warmups=0`)."""
+    return torch.compile(
+        fn, backend="cudagraph_modes", options={**CUDA, "num_warmups": 0, **options}
+    )
 
 
 def newest_graph() -> cgcompile.CompiledGraph:
     return cgcompile.compiled_graphs()[-1]
 
 
+@needs(SHARED_UNBACKED_BATCH)  # one trace for sizes 2 and 1
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 def test_silly_piecewise_counters_cuda(compiler):
     f = compile_fn(
@@ -34,7 +40,7 @@ def test_silly_piecewise_counters_cuda(compiler):
         num_backend_compilations=3,
         num_cudagraph_captured=6,
     ):
-        for n in (2, 1):
+        for n in (2, 2, 1):  # the graph's first call runs its pieces without graphs
             x = dyn(torch.randn(n, device="cuda"))
             torch.testing.assert_close(f(x), silly_closed_form(x))
     silly.CALLS["n"] = 0
@@ -48,7 +54,8 @@ def test_full_replay_runs_no_python():
         silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[4], compiler="inductor"
     )
     x = dyn(torch.randn(4, device="cuda"))
-    f(x)  # compile, warm up, capture, replay
+    f(x)  # compile; the first run without graphs
+    f(x)  # capture, replay
     silly.CALLS["n"] = 0
     for _ in range(3):
         x = dyn(torch.randn(4, device="cuda"))
@@ -56,7 +63,9 @@ def test_full_replay_runs_no_python():
     assert silly.CALLS["n"] == 0  # the attention op lives inside the graph
 
 
-@pytest.mark.parametrize("batch", ["unbacked", "backed"])
+@pytest.mark.parametrize(
+    "batch", [pytest.param("unbacked", marks=needs(SHARED_UNBACKED_BATCH)), "backed"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 @pytest.mark.parametrize("mode", MODES)
@@ -89,7 +98,8 @@ def test_new_unmanaged_input_raises_cuda():
     )
     first = dyn(torch.randn(4, 3, device="cuda"))  # kept alive: its block is not reused
     with cgcompile.set_forward_context(CUDAGraphMode.PIECEWISE, cgcompile.BatchDescriptor(4)):
-        f(first)
+        f(first)  # compile; the first run without graphs
+        f(first)  # capture
         with pytest.raises(CaptureError, match="address"):
             f(dyn(torch.randn(4, 3, device="cuda")))
 
@@ -99,16 +109,22 @@ def test_graphs_share_one_pool(mode):
     """Graph memory of N sizes stays well below N x the memory of the largest alone."""
     from examples.llama import Llama, LlamaConfig, make_inputs
 
-    cfg = LlamaConfig(num_layers=4, hidden=256, heads=4, ffn=512, vocab=1024, cache_len=64)
+    cfg = LlamaConfig(num_layers=4, hidden=256, heads=4, ffn=512, vocab=1024, cache_len=256)
     model = Llama(cfg).to("cuda").eval()
     sizes = [256, 192, 128, 64, 32]
     f = torch.compile(
         model,
         backend="cudagraph_modes",
-        options={**CUDA, "cudagraph_mode": mode, "cudagraph_capture_sizes": sorted(sizes)},
+        options={
+            **CUDA,
+            "cudagraph_mode": mode,
+            "cudagraph_capture_sizes": sorted(sizes),
+            "num_warmups": 0,
+        },
     )
     memory = []
     with torch.no_grad():
+        f(*dyn(*make_inputs(cfg, 1, "cuda")))  # the first run, without graphs (no capture size)
         for n in sizes:  # largest first, as bulk capture does
             f(*dyn(*make_inputs(cfg, n, "cuda")))
             memory.append(newest_graph().runtime.memory_bytes())
@@ -122,6 +138,7 @@ def test_outputs_are_overwritten_by_the_next_replay():
     f = compile_fn(
         silly_model, cudagraph_mode="FULL", cudagraph_capture_sizes=[4], compiler="inductor"
     )
+    f(dyn(torch.randn(4, device="cuda")))  # the first run, without graphs
     a = dyn(torch.randn(4, device="cuda"))
     out_a = f(a)
     kept = out_a.clone()

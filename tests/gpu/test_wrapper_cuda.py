@@ -42,6 +42,8 @@ def runtime() -> CUDAGraphRuntime:
 def wrap(
     fn: Callable[..., Any], runtime: CUDAGraphRuntime, mode: CUDAGraphMode = PIECEWISE, **kw: Any
 ) -> CUDAGraphWrapper:
+    """A wrapper that, once its callable ran (its first call), captures a key's first call."""
+    kw.setdefault("num_warmups", 0)
     return CUDAGraphWrapper(fn, mode, runtime, name="toy", **kw)
 
 
@@ -72,8 +74,9 @@ def test_replay_does_not_run_python(runtime: CUDAGraphRuntime) -> None:
     wrapper = wrap(fn, runtime, num_warmups=1)
     x = cuda_arange(4)
     with in_mode(PIECEWISE):
-        wrapper(x)
-        assert fn.calls == 1 + 1  # warmup + the capture call that records the kernels
+        wrapper(x)  # the warm-up call runs fn
+        wrapper(x)  # capture records the kernels by running fn's Python once, then replays
+        assert fn.calls == 2
         out = wrapper(x)
     assert fn.calls == 2
     torch.testing.assert_close(out, x * 2 + 1)
@@ -81,8 +84,10 @@ def test_replay_does_not_run_python(runtime: CUDAGraphRuntime) -> None:
 
 def test_new_address_raises_on_first_replay(runtime: CUDAGraphRuntime) -> None:
     wrapper = wrap(Affine(), runtime)
+    x = cuda_arange(4)
     with in_mode(PIECEWISE):
-        wrapper(cuda_arange(4))
+        wrapper(x)  # the callable's first run
+        wrapper(x)  # capture
         with pytest.raises(CaptureError, match=r"toy: tensor arg 0 .* fixed addresses"):
             wrapper(cuda_arange(8)[4:])
 
@@ -100,6 +105,7 @@ def test_outputs_alias_across_replays(runtime: CUDAGraphRuntime) -> None:
     wrapper = wrap(Affine(), runtime)
     x = cuda_arange(4)
     with in_mode(PIECEWISE):
+        wrapper(x)  # the callable's first run, without a graph
         first = wrapper(x)  # the capture's output
         x.fill_(5.0)
         second = wrapper(x)  # a replay
@@ -116,8 +122,10 @@ def test_captures_on_a_side_stream(runtime: CUDAGraphRuntime) -> None:
             streams.append(torch.cuda.current_stream())
         return x + 1
 
+    wrapper = wrap(spy, runtime)
     with in_mode(PIECEWISE):
-        wrap(spy, runtime)(cuda_arange(4))
+        for _ in range(2):  # the callable's first run, then the capture
+            wrapper(cuda_arange(4))
     assert streams == [runtime.stream]
     assert streams[0] != torch.cuda.default_stream()
 
@@ -126,8 +134,9 @@ def test_wrappers_of_one_runtime_share_its_pool(runtime: CUDAGraphRuntime) -> No
     first, second = wrap(Affine(), runtime), wrap(Affine(), runtime)
     x = cuda_arange(4)
     with in_mode(PIECEWISE):
-        first(x)
-        second(x)
+        for _ in range(2):  # each callable's first run, then the captures
+            first(x)
+            second(x)
     pools = [w.entries[w.captured_keys()[0]].graph.graph.pool() for w in (first, second)]
     assert pools == [runtime.pool, runtime.pool]
     assert make_graph_runtime("cuda").pool != runtime.pool
@@ -157,6 +166,7 @@ def test_weak_output_is_readable_after_replay(runtime: CUDAGraphRuntime) -> None
     wrapper = wrap(Affine(), runtime, FULL, weak_output=True)
     x = cuda_arange(4)
     with in_mode(FULL):
+        wrapper(x)  # the callable's first run, without a graph
         first = wrapper(x)
         torch.testing.assert_close(first, x * 2 + 1)
         x.fill_(3.0)
@@ -172,6 +182,9 @@ def test_replay_outputs_do_not_pin_pool_blocks(weak_output: bool) -> None:
     x = torch.zeros(16 << 20, device="cuda")  # 64 MiB of float32
     runtime = CUDAGraphRuntime()
     wrapper = wrap(lambda t: t * 2, runtime, FULL, weak_output=weak_output)
+    with in_mode(FULL, num_tokens=2):
+        wrapper(x)  # the callable's first run, without a graph
+    assert runtime.memory_bytes() == 0
     for num_tokens in (8, 4):  # two graphs, one output block each
         with in_mode(FULL, num_tokens=num_tokens):
             wrapper(x)
@@ -187,6 +200,7 @@ def test_capture_failure_falls_back_to_eager(
     wrapper = wrap(syncs, runtime)
     x = cuda_arange(4)
     with caplog.at_level(logging.WARNING), in_mode(PIECEWISE):
+        wrapper(x)  # the callable's first run, without a graph
         with counters.expect(num_capture_failures=1, num_cudagraph_captured=0):
             out = wrapper(x)
         torch.testing.assert_close(out, syncs(x))
@@ -198,6 +212,8 @@ def test_capture_failure_falls_back_to_eager(
 
 def test_memory_bytes_counts_pool_growth(runtime: CUDAGraphRuntime) -> None:
     x = torch.zeros(4 << 20, device="cuda")  # 16 MiB of float32
+    wrapper = wrap(Affine(), runtime)
     with in_mode(PIECEWISE):
-        wrap(Affine(), runtime)(x)
+        for _ in range(2):  # the callable's first run, then the capture
+            wrapper(x)
     assert runtime.memory_bytes() >= x.nbytes

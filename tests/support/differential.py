@@ -10,7 +10,7 @@ import random
 import torch
 
 import cgcompile
-from examples.llama import Llama, LlamaConfig, make_inputs
+from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
 
 # capture sizes [1, 2, 4, 8]: sizes on them, between them and above the largest
 SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 13]
@@ -43,7 +43,7 @@ def check_llama_matches_eager(
     before = cgcompile.counters.num_graphs_seen
     for n in [8, 1] + [rng.choice(SIZES) for _ in range(calls)]:
         tokens, positions = make_inputs(model.cfg, n, device)
-        cgcompile.mark_dynamic_batch(tokens, positions, unbacked=unbacked, hint=hint)
+        mark_batch(model.cfg, tokens, positions, unbacked=unbacked, hint=hint)
         with cgcompile.batch_hint(uniform_decode=rng.random() < 0.5), torch.no_grad():
             got = f(tokens, positions).float()
             want = model(tokens, positions).float()

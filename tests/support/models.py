@@ -53,7 +53,8 @@ MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
 def dyn(*tensors: torch.Tensor):
     """Mark the batch dim of each tensor dynamic and unbacked (one trace for every size, batch 1
-    included, which the tests count on); return them (one tensor bare)."""
+    included, which the tests count on: torch >= 2.11, `@needs(SHARED_UNBACKED_BATCH)`); return
+    them (one tensor bare)."""
     import cgcompile
 
     cgcompile.mark_dynamic_batch(*tensors, unbacked=True)

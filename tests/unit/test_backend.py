@@ -12,9 +12,11 @@ import torch
 
 import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
+from cgcompile.torch_features import SHARED_UNBACKED_BATCH
 from tests.support import silly
 from tests.support.differential import check_llama_matches_eager
 from tests.support.models import MODES, SeqModel, dyn, fresh_model, silly_closed_form, silly_model
+from tests.support.requires import needs
 
 SIM = {"graph_runtime": "simulated"}
 
@@ -64,6 +66,7 @@ def test_bad_option_reaches_config_error():
         f(torch.ones(2))
 
 
+@needs(SHARED_UNBACKED_BATCH)  # one trace for sizes 2 and 1
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 def test_silly_piecewise_counters(compiler):
     f = compile_fn(
@@ -76,6 +79,7 @@ def test_silly_piecewise_counters(compiler):
         num_backend_compilations=3,
         num_cudagraph_captured=6,  # 2 sizes x 3 pieces
     ):
+        f(dyn(torch.randn(2)))  # a graph's first call runs its pieces once, without graphs
         x2 = dyn(torch.randn(2))
         torch.testing.assert_close(f(x2), silly_closed_form(x2))
         x1 = dyn(torch.randn(1))
@@ -87,7 +91,8 @@ def test_silly_replay_runs_attention_between_pieces(compiler):
     f = compile_fn(
         silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2], compiler=compiler
     )
-    f(dyn(torch.randn(2)))
+    for _ in range(2):  # warm-up (the pieces' first run), capture
+        f(dyn(torch.randn(2)))
     silly.CALLS["n"] = 0
     with counters.expect(num_cudagraph_captured=0):
         out = f(dyn(torch.zeros(2)))
@@ -133,7 +138,10 @@ def test_nested_none_mode_captures_nothing():
     assert full.num_captures == 0 and all(p.num_captures == 0 for p in pieces)
 
 
-@pytest.mark.parametrize("batch", ["unbacked", "backed", "backed-hint"])
+@pytest.mark.parametrize(
+    "batch",
+    [pytest.param("unbacked", marks=needs(SHARED_UNBACKED_BATCH)), "backed", "backed-hint"],
+)
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 @pytest.mark.parametrize("mode", MODES)
 def test_differential_llama_matches_eager(mode, compiler, batch):
@@ -163,7 +171,8 @@ def test_new_unmanaged_input_raises_on_first_replay():
     desc = cgcompile.BatchDescriptor(4)
     first = dyn(torch.randn(4, 3))  # kept alive, so the next tensor cannot reuse its memory
     with cgcompile.set_forward_context(CUDAGraphMode.PIECEWISE, desc):
-        f(first)  # compiles and captures on this tensor's address
+        f(first)  # compiles; the pieces' first run
+        f(first)  # captures on this tensor's address
         with pytest.raises(CaptureError, match="address"):
             f(dyn(torch.randn(4, 3)))  # manual mode: nobody copies the new tensor in
 
@@ -283,6 +292,7 @@ def test_report_lists_captured_keys():
     )
     x = dyn(torch.randn(3))
     with cgcompile.batch_hint(uniform_decode=True):
+        f(x)  # the first call runs without graphs
         f(x)
     f(x)
     report = the_graph().report
@@ -353,7 +363,7 @@ def test_every_piece_of_a_forward_shares_one_key():
             "num_warmups": 0,
         },
     )
-    for seq in (3, 5):
+    for seq in (3, 3, 5):  # the first call runs without graphs
         f(torch.randn(4, seq, 8))
     keys = [set(w.captured_keys()) for w in the_graph().wrappers]
     assert all(k == keys[0] for k in keys) and len(keys[0]) == 2
@@ -371,7 +381,25 @@ def test_backed_batch_marking_traces_batch_one_separately():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # batch 1 specialises
 
 
-def test_batch_hint_reaches_the_shape_env_and_batch_one_still_runs():
+def test_batch_hint_is_the_size_dynamo_traces_and_batch_one_still_runs():
+    hints: list[list[int]] = []
+
+    def spy(gm, example_inputs):
+        placeholders = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
+        sizes = [v.shape[0] for v in placeholders if isinstance(v, torch.Tensor)]
+        hints.append([s.node.hint for s in sizes if isinstance(s, torch.SymInt)])
+        return gm.forward
+
+    f = torch.compile(lambda x: (x * 2).sum(-1), backend=spy)
+    for n in (3, 1, 5):
+        x = torch.randn(n, 4)
+        cgcompile.mark_dynamic_batch(x, hint=512)
+        torch.testing.assert_close(f(x), (x * 2).sum(-1))
+    assert hints == [[512], []]  # batch 1: own graph, static, no hint
+
+
+@needs(SHARED_UNBACKED_BATCH)
+def test_batch_hint_reaches_the_shape_env_of_an_unbacked_batch():
     hints: list[dict] = []
 
     def spy(gm, example_inputs):
@@ -380,22 +408,17 @@ def test_batch_hint_reaches_the_shape_env_and_batch_one_still_runs():
         return gm.forward
 
     f = torch.compile(lambda x: (x * 2).sum(-1), backend=spy)
-    for n in (3, 1, 5):
-        x = torch.randn(n, 4)
-        cgcompile.mark_dynamic_batch(x, hint=512)
-        torch.testing.assert_close(f(x), (x * 2).sum(-1))
-    assert [sorted(h.values()) for h in hints] == [[512], []]  # batch 1: own graph, no hint
-    torch._dynamo.reset()
-    hints.clear()
     for n in (1, 3):  # unbacked: one graph for every size, batch 1 included, hinted
         x = torch.randn(n, 4)
         cgcompile.mark_dynamic_batch(x, hint=512, unbacked=True)
         torch.testing.assert_close(f(x), (x * 2).sum(-1))
-    if cgcompile.dynamic._HAS_SHAPE_ID:
-        assert [sorted(h.values()) for h in hints] == [[512]]
-    for bad in (0, True, 2.0):
-        with pytest.raises(ValueError, match="hint must be a positive int"):
-            cgcompile.mark_dynamic_batch(torch.randn(2), hint=bad)
+    assert [sorted(h.values()) for h in hints] == [[512]]
+
+
+@pytest.mark.parametrize("bad", [0, True, 2.0], ids=["zero", "bool", "float"])
+def test_batch_hint_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match="hint must be a positive int"):
+        cgcompile.mark_dynamic_batch(torch.randn(2), hint=bad)
 
 
 def test_backed_batch_graph_captures_no_size_it_cannot_run():
@@ -423,9 +446,10 @@ def test_backed_batch_graph_captures_no_size_it_cannot_run():
                     torch.testing.assert_close(f(x), silly_closed_form(x))
 
 
+@needs(SHARED_UNBACKED_BATCH)  # one graph holds every key, size 1 included
 @pytest.mark.parametrize(
     ("first", "expected"),
-    [(3, 2 * 3 + 3), (9, 3 * 3 + 3)],
+    [(3, 3 * 3 + 3), (9, 3 * 3 + 3)],
     ids=["after-a-graph-call", "after-an-eager-call"],
 )
 def test_capture_all_captures_every_key_once(first, expected):
@@ -435,7 +459,7 @@ def test_capture_all_captures_every_key_once(first, expected):
         compiler="eager",
         cudagraph_capture_sizes=[1, 2, 4],
     )
-    f(dyn(torch.randn(first)))  # 3: PIECEWISE key 4 (3 pieces) captured; 9: above max, eager
+    f(dyn(torch.randn(first)))  # 3: PIECEWISE key 4 warms up (first run); 9: above max, eager
     # all keys: PIECEWISE 4, 2, 1 (3 pieces each) + FULL decode 4, 2, 1
     assert cgcompile.capture_all(progress=False) == expected
     with counters.expect(num_cudagraph_captured=0):

@@ -12,48 +12,17 @@ import torch
 
 import cgcompile
 from tests.support.models import MODES, CacheStep
-
-SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [1, 2, 4, 8]}
-SIZES = [3, 3, 5, 8, 2, 3, 7, 1, 3, 6]  # padded (3 -> 4, 5 -> 8, ...) and exact sizes, repeated
-
-
-def row_attention(h: torch.Tensor) -> torch.Tensor:
-    """SDPA with each row its own sequence (rows stay independent, as padding needs)."""
-    q = h.unsqueeze(1)
-    return torch.nn.functional.scaled_dot_product_attention(q, q.sin(), q.cos()).squeeze(1)
-
-
-def compile_model(model, mode, compiler="eager", **options):
-    options = {**SIM, "cudagraph_mode": mode, "compiler": compiler, **options}
-    return torch.compile(model, backend="cudagraph_modes", options=options)
-
-
-def step_inputs(n: int, rng: random.Random, pad_value: int | None = None):
-    x = torch.randn(n, 8)
-    slot = torch.tensor(rng.sample(range(CacheStep.SLOTS), n))
-    cgcompile.mark_dynamic_batch(x, slot)
-    if pad_value is not None:
-        cgcompile.mark_dynamic_batch(slot, pad_value=pad_value)
-    return x, slot
-
-
-def run_against_eager(mode, compiler="eager", pad_value=CacheStep.SLOTS, **options):
-    """The compiled CacheStep and an eager copy, called on the same batches; asserts outputs,
-    the step counter and the live cache slots after every call; returns both models."""
-    torch.manual_seed(0)
-    model = CacheStep()
-    eager = copy.deepcopy(model)
-    compiled = compile_model(model, mode, compiler, **options)
-    rng = random.Random(mode)
-    for calls, n in enumerate(SIZES, start=1):
-        x, slot = step_inputs(n, rng, pad_value)
-        with cgcompile.batch_hint(uniform_decode=rng.random() < 0.5), torch.no_grad():
-            got = compiled(x, slot).clone()
-            want = eager(x, slot)
-        torch.testing.assert_close(got, want)
-        assert int(model.steps) == calls  # one eager call's worth of state per call
-        torch.testing.assert_close(model.cache[:-1], eager.cache[:-1])
-    return model, eager
+from tests.support.state import (
+    LAYOUTS,
+    SIZES,
+    check_mutated_inputs,
+    check_strided_inputs,
+    compile_model,
+    mutating_step,
+    row_attention,
+    run_against_eager,
+    step_inputs,
+)
 
 
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
@@ -115,29 +84,10 @@ def test_capture_all_then_calls_match_eager():
     assert int(model.steps) == len(sizes) + 1
 
 
-def mutating_step(x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-    """Writes a batch input (x) and a non-batch input (state) in place."""
-    out = row_attention(x)
-    state.add_(out[0])
-    x.mul_(2)
-    return out + state
-
-
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 @pytest.mark.parametrize("mode", MODES)
 def test_mutated_user_inputs_equal_eager(mode, compiler):
-    compiled = compile_model(mutating_step, mode, compiler)
-    state, eager_state = torch.zeros(4), torch.zeros(4)
-    for n in SIZES:
-        x = torch.randn(n, 4)
-        eager_x = x.clone()
-        cgcompile.mark_dynamic_batch(x)
-        with torch.no_grad():
-            got = compiled(x, state).clone()
-            want = mutating_step(eager_x, eager_state)
-        torch.testing.assert_close(got, want)
-        torch.testing.assert_close(x, eager_x)
-        torch.testing.assert_close(state, eager_state)
+    check_mutated_inputs(mode, compiler)
 
 
 def test_mutated_input_at_a_new_address_runs_without_graphs(caplog):
@@ -181,25 +131,8 @@ def test_pad_value_must_be_a_number():
         cgcompile.mark_dynamic_batch(torch.zeros(2), pad_value=torch.tensor(1))
 
 
-LAYOUTS = {
-    "transposed": lambda n: torch.randn(8, n).t(),
-    "sliced": lambda n: torch.randn(n, 16)[:, ::2],
-    "expanded": lambda n: torch.randn(1, 8).expand(n, 8),
-    "channels_last": lambda n: torch.randn(n, 2, 2, 2).to(memory_format=torch.channels_last),
-}
-
-
-def layout_model(x: torch.Tensor) -> torch.Tensor:
-    h = x.reshape(x.shape[0], -1) * 2 + 1
-    return row_attention(h) - h
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 @pytest.mark.parametrize("mode", MODES)
 def test_strided_inputs_equal_eager(mode, compiler, layout):
-    compiled = compile_model(layout_model, mode, compiler)
-    for n in SIZES:
-        x = LAYOUTS[layout](n)
-        cgcompile.mark_dynamic_batch(x)
-        torch.testing.assert_close(compiled(x), layout_model(x))
+    check_strided_inputs(mode, compiler, layout)

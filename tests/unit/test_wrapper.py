@@ -41,7 +41,9 @@ def wrap(
 ) -> CUDAGraphWrapper:
     """A wrapper on the simulated runtime; it captures on the first call unless told to warm up."""
     kwargs.setdefault("num_warmups", 0)
-    return CUDAGraphWrapper(fn, mode, make_graph_runtime("simulated"), name="toy", **kwargs)
+    wrapper = CUDAGraphWrapper(fn, mode, make_graph_runtime("simulated"), name="toy", **kwargs)
+    wrapper.ran = True  # as if fn had run once: these tests are about capture, not lazy init
+    return wrapper
 
 
 def in_mode(mode: CUDAGraphMode, num_tokens: int = 4) -> Any:
@@ -104,6 +106,26 @@ def test_every_call_writes_state_once(num_warmups: int) -> None:
             out = wrapper(x, state)
             assert torch.equal(state, torch.full((4,), float(calls)))  # as `calls` eager calls
             assert torch.equal(out, state)
+
+
+def test_a_callable_that_never_ran_warms_up_before_its_first_capture() -> None:
+    """A compiled kernel's first run (loading, autotuning) cannot happen inside a CUDA capture,
+    so even with num_warmups=0 the wrapper's first call runs eagerly; later keys capture at once.
+    """
+    fn = Affine()
+    wrapper = CUDAGraphWrapper(fn, PIECEWISE, make_graph_runtime("simulated"), num_warmups=0)
+    x = torch.arange(8.0)
+    with set_forward_context(PIECEWISE, num_tokens=4, capture_only=True):
+        with pytest.raises(CaptureError, match="has not run yet"):
+            wrapper(x[:4])
+    with counters.expect(num_cudagraph_captured=0), in_mode(PIECEWISE, 4):
+        wrapper(x[:4])
+    assert fn.calls == 1
+    with counters.expect(num_cudagraph_captured=2):
+        with in_mode(PIECEWISE, 4):
+            wrapper(x[:4])
+        with in_mode(PIECEWISE, 8):
+            wrapper(x)
 
 
 def test_capture_only_records_without_running() -> None:
@@ -280,6 +302,7 @@ class FailingRuntime:
 def test_capture_failure_runs_key_eagerly() -> None:
     fn = Affine()
     wrapper = CUDAGraphWrapper(fn, PIECEWISE, FailingRuntime(), name="toy", num_warmups=0)
+    wrapper.ran = True  # as if fn had run once: the first call tries to capture
     x = torch.arange(4.0)
     with in_mode(PIECEWISE):
         with counters.expect(num_capture_failures=1, num_cudagraph_captured=0):

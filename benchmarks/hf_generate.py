@@ -1,0 +1,188 @@
+"""Hugging Face `generate()` with a static KV cache: ms per new token and first-generate seconds
+for eager, HF's default compile (Inductor, mode="reduce-overhead") and cgcompile's modes
+(`CompileConfig(backend="cudagraph_modes", mode=None, options=...)`), all in one process.
+
+The model: a 16-layer Llama config (hidden 1024, 16 heads, 8 KV heads, FFN 2816, vocab 32000),
+random weights, bf16 on CUDA (fp32 on CPU with --quick). A batch of 4 random prompts of 32
+tokens, greedy. HF runs the prefill without compile and every decode step through the
+compiled forward, which writes the static cache and its length counter in place. cgcompile
+peers run inside `batch_hint(uniform_decode=True)`: every compiled call is a decode step.
+
+Per peer: the first generate (compile, warm-up, capture) timed alone; then medians of
+`generate(max_new_tokens=N)` and of `generate(max_new_tokens=1)` (prefill only) over repeats,
+timed with CUDA events; ms per new token = (t_N - t_1) / (N - 1). Tokens are compared with
+eager's (bf16 kernels may round differently, so a late divergence is reported, not failed).
+
+    python benchmarks/hf_generate.py --out DIR            # the H200 run (~3 min)
+    python benchmarks/hf_generate.py --out DIR --quick    # tiny config, CPU or GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cgcompile  # noqa: E402
+
+PEERS = ("eager", "hf_default_compile", "cg/FULL", "cg/FULL_AND_PIECEWISE", "cg/PIECEWISE")
+
+
+def make_model(quick: bool, device: str, dtype: torch.dtype) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    size = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 16}
+    heads = {"num_attention_heads": 16, "num_key_value_heads": 8, "vocab_size": 32000}
+    if quick:
+        size = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+        heads = {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
+    config = LlamaConfig(**size, **heads, max_position_embeddings=512)
+    return LlamaForCausalLM(config).to(device, dtype).eval()
+
+
+def generate_kwargs(peer: str, new_tokens: int) -> tuple[dict[str, Any], Any]:
+    """generate() keyword arguments and the context to call it in, for one peer."""
+    from transformers import CompileConfig
+
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": new_tokens,
+        "min_new_tokens": new_tokens,
+        "do_sample": False,
+        "cache_implementation": "static",
+        "pad_token_id": 0,
+    }
+    if peer == "eager":
+        kwargs["disable_compile"] = True
+    elif peer.startswith("cg/"):
+        options = {"cudagraph_mode": peer[3:]}
+        config = CompileConfig(backend="cudagraph_modes", mode=None, options=options)
+        config._compile_all_devices = True
+        kwargs["compile_config"] = config
+        return kwargs, cgcompile.batch_hint(uniform_decode=True)
+    else:  # HF's own default: Inductor with mode="reduce-overhead"
+        config = CompileConfig()
+        config._compile_all_devices = True
+        kwargs["compile_config"] = config
+    return kwargs, contextlib.nullcontext()
+
+
+def timed_generate(model: Any, prompts: torch.Tensor, peer: str, new_tokens: int) -> tuple:
+    kwargs, context = generate_kwargs(peer, new_tokens)
+    if prompts.is_cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        with context, torch.no_grad():
+            out = model.generate(prompts, **kwargs)
+        end.record()
+        end.synchronize()
+        return out, start.elapsed_time(end)
+    began = time.perf_counter()
+    with context, torch.no_grad():
+        out = model.generate(prompts, **kwargs)
+    return out, (time.perf_counter() - began) * 1e3
+
+
+def run_peer(model: Any, prompts: torch.Tensor, peer: str, args: argparse.Namespace) -> dict:
+    torch._dynamo.reset()
+    for attr in ("_compiled_call", "_last_compile_config"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+    _, first_ms = timed_generate(model, prompts, peer, args.new_tokens)
+    full, prefill = [], []
+    tokens = None
+    for _ in range(args.repeats):
+        tokens, ms = timed_generate(model, prompts, peer, args.new_tokens)
+        full.append(ms)
+        prefill.append(timed_generate(model, prompts, peer, 1)[1])
+    per_token = (statistics.median(full) - statistics.median(prefill)) / (args.new_tokens - 1)
+    result = {
+        "first_generate_s": first_ms / 1e3,
+        "generate_ms_median": statistics.median(full),
+        "prefill_ms_median": statistics.median(prefill),
+        "ms_per_token": per_token,
+        "tokens": tokens.tolist(),
+    }
+    if peer.startswith("cg/"):
+        result["graphs"] = [g.format_report() for g in cgcompile.compiled_graphs()]
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--peers", nargs="*", default=list(PEERS))
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    model = make_model(args.quick, device, dtype)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(1, model.config.vocab_size, (4, 32), generator=g).to(device)
+    results: dict[str, Any] = {}
+    for peer in args.peers:
+        print(f"[hf_generate] {peer} ...", flush=True)
+        try:
+            results[peer] = run_peer(model, prompts, peer, args)
+        except Exception as e:  # one failing peer must not end the run
+            results[peer] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+    report = summarize(results, args, device, dtype)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "hf-generate-results.json").write_text(json.dumps(report, indent=1))
+    print(report["table"])
+    return 0
+
+
+def summarize(results: dict, args: argparse.Namespace, device: str, dtype: torch.dtype) -> dict:
+    eager = results.get("eager", {}).get("tokens")
+    hf = results.get("hf_default_compile", {}).get("ms_per_token")
+    lines = [
+        "| peer | ms / new token | vs HF default compile | first generate s | tokens equal eager |",
+        "|---|---|---|---|---|",
+    ]
+    for peer, r in results.items():
+        if "error" in r:
+            lines.append(f"| {peer} | error: {r['error'][:80]} | | | |")
+            continue
+        ratio = f"{r['ms_per_token'] / hf:.2f}" if hf else "-"
+        same = _matching_prefix(r["tokens"], eager) if eager else "-"
+        lines.append(
+            f"| {peer} | {r['ms_per_token']:.3f} | {ratio} | {r['first_generate_s']:.1f} | {same} |"
+        )
+    return {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "dtype": str(dtype),
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "results": results,
+        "table": "\n".join(lines),
+    }
+
+
+def _matching_prefix(tokens: list, eager: list) -> str:
+    """'all' or how many generated positions agree before the first difference."""
+    if tokens == eager:
+        return "all"
+    first = min(
+        next((i for i, (a, b) in enumerate(zip(t, e, strict=True)) if a != b), len(t))
+        for t, e in zip(tokens, eager, strict=True)
+    )
+    return f"first {first - 32} of {len(tokens[0]) - 32}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

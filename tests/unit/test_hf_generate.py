@@ -1,0 +1,28 @@
+"""Hugging Face `generate()` through the backend gives eager's greedy tokens in every mode
+(CPU, simulated graphs; `tests/gpu/test_hf_cuda.py` runs the same on real graphs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.hf import PATHS, generate_tokens
+from tests.support.models import MODES
+
+pytest.importorskip("transformers")
+
+
+def check(path: str, mode: str, compiler: str) -> None:
+    options = {"cudagraph_mode": mode, "graph_runtime": "simulated", "compiler": compiler}
+    got, want = generate_tokens(path, options, device="cpu")
+    assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("path", PATHS)
+def test_generate_matches_eager(path, mode):
+    check(path, mode, "eager")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_generate_matches_eager_with_inductor(path):
+    check(path, "FULL_AND_PIECEWISE", "inductor")
