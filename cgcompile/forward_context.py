@@ -55,14 +55,19 @@ class ForwardContext:
     capture_only: bool = False
     """Record graphs without running anything (`capture_all`): wrappers capture unseen keys
     without warm-up or replay and return uncomputed outputs."""
-    graph_key: tuple[BatchDescriptor | None, tuple[int, ...]] | None = dataclasses.field(
+    instance: int = 0
+    """Which module instance runs (0: the first): graphs bake in its parameters' addresses, so
+    every instance has graphs of its own (see `backend.instances`)."""
+    graph_key: tuple[BatchDescriptor | None, tuple[int, ...], int] | None = dataclasses.field(
         init=False, repr=False, compare=False
     )
-    """(batch_descriptor, shape_key) when shape_key is set: the key every wrapper of this
-    forward looks its graph up by, built once per forward instead of once per piece."""
+    """(batch_descriptor, shape_key, instance) when shape_key is set: the key every wrapper of
+    this forward looks its graph up by, built once per forward instead of once per piece."""
 
     def __post_init__(self) -> None:
-        key = None if self.shape_key is None else (self.batch_descriptor, self.shape_key)
+        key = None
+        if self.shape_key is not None:
+            key = (self.batch_descriptor, self.shape_key, self.instance)
         object.__setattr__(self, "graph_key", key)
         mode = self.cudagraph_runtime_mode
         # identity tests: Enum.__hash__ runs Python code, and this runs on every call
@@ -89,10 +94,12 @@ def set_forward_context(
     num_tokens: int | None = None,
     shape_key: tuple[int, ...] | None = None,
     capture_only: bool = False,
+    instance: int = 0,
 ) -> Iterator[ForwardContext]:
     """Publish the runtime mode and batch key for the enclosed forward; restores on exit.
 
     `num_tokens` alone builds `BatchDescriptor(num_tokens)`; the mode may be a name, any case.
+    `shape_key`, `capture_only` and `instance` are set by automatic dispatch.
     """
     if not isinstance(cudagraph_runtime_mode, CUDAGraphMode):  # a name, in any case
         cudagraph_runtime_mode = CUDAGraphMode.parse(
@@ -106,7 +113,9 @@ def set_forward_context(
                 f"{show(num_tokens)}"
             )
         batch_descriptor = BatchDescriptor(n)
-    ctx = ForwardContext(cudagraph_runtime_mode, batch_descriptor, shape_key, capture_only)
+    ctx = ForwardContext(
+        cudagraph_runtime_mode, batch_descriptor, shape_key, capture_only, instance
+    )
     token = _forward_context.set(ctx)
     try:
         yield ctx

@@ -1,22 +1,25 @@
 """The callable the backend hands to Dynamo: dispatch, pad, run the graphs, unpad.
 
 Per call (automatic mode, the default):
-1. read the batch size n from the user's batch tensors and the hints of `batch_hint(...)`;
-2. ask the dispatcher for (runtime mode, descriptor), padding n to a capture size; a graph
+1. a call from a thread that does not own the graphs runs the traced graph eagerly
+   (`ownership`); one from a module instance beyond the limit, or whose in-place inputs moved,
+   runs without graphs (`instances`);
+2. read the batch size n from the user's batch tensors and the hints of `batch_hint(...)`;
+3. ask the dispatcher for (runtime mode, descriptor), padding n to a capture size; a graph
    that padding could change (`plan.pad_unsafe`) runs sizes it would pad without graphs;
-3. copy user tensors into static buffers (`StaticInputs`: padded rows hold pad values;
+4. copy user tensors into static buffers (`StaticInputs`: padded rows hold pad values;
    parameters, buffers and tensors the graph writes in place are never copied);
-4. run the FULL wrapper (which holds the PIECEWISE-wrapped pieces) under that forward context;
-5. copy the real rows of mutated batch tensors back to the caller's; slice batch outputs to n.
-Batches no graph fits run eagerly, unpadded, on the caller's tensors. If the caller already set
-a forward context (manual, vLLM-style), it is honoured as is: no dispatch, padding or copies.
-Every call runs the model's work once, as one eager call would (the wrappers' warm-up calls
-return their own results), so state written inside the graph (KV caches, counters) advances
-exactly once per call.
+5. run the FULL wrapper (which holds the PIECEWISE-wrapped pieces) under that forward context,
+   whose key names the module instance, so each instance replays graphs of its own;
+6. copy the real rows of mutated batch tensors back to the caller's; slice batch outputs to n.
+Batches no graph fits run eagerly, unpadded, on the caller's tensors (`fallbacks` says why,
+once per kind). If the caller already set a forward context (manual, vLLM-style), it is
+honoured as is: no dispatch, padding or copies. Every call runs the model's work once, as one
+eager call would (the wrappers' warm-up calls return their own results), so state written
+inside the graph (KV caches, counters) advances exactly once per call.
 
-`capture_all` records graphs without running the model: FULL graphs are recorded whole, and
-PIECEWISE pieces are recorded one after the other with each eager splitting op replaced by a
-shape-only stand-in (`dry_run.shapes_only`), so no user-visible tensor changes.
+`capture_all` records graphs without running the model (`bulk_capture`). Parameters are held
+weakly: a deleted model's instance and its graphs are dropped (`instances`).
 
 Outputs of a graph replay live in graph memory and are overwritten by the next call; clone
 what you keep.
@@ -25,20 +28,22 @@ what you keep.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
-import operator
+import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
+from cgcompile.backend import bulk_capture
+from cgcompile.backend.fallbacks import FallbackLog
 from cgcompile.backend.inputs import InputPlan
+from cgcompile.backend.instances import InstanceSlots
+from cgcompile.backend.ownership import ThreadOwner
 from cgcompile.backend.report import GraphReport
 from cgcompile.backend.static_inputs import StaticInputs
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
-from cgcompile.errors import CaptureError, CGCompileError
 from cgcompile.forward_context import (
     current_batch_hint,
     is_forward_context_available,
@@ -47,7 +52,7 @@ from cgcompile.forward_context import (
 from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
 
 logger = logging.getLogger(__name__)
-NONE, PIECEWISE = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE
+NONE = CUDAGraphMode.NONE
 
 _live_graphs: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 
@@ -71,6 +76,7 @@ class CompiledGraph:
         shapes_only: Callable[[], contextlib.AbstractContextManager[None]] = (
             contextlib.nullcontext
         ),
+        traced: Callable[..., Any] | None = None,
     ) -> None:
         self.runnable = runnable
         self.dispatcher = dispatcher
@@ -78,42 +84,57 @@ class CompiledGraph:
         self._report = report
         self.wrappers = wrappers
         self.runtime = runtime
-        self._shapes_only = shapes_only
+        self.shapes_only = shapes_only
         """Context in which the eager splitting ops compute shapes only (capture_all)."""
+        self.traced = traced or runnable
+        """The traced graph run eagerly: what calls from threads not owning the graphs run."""
         self.static_inputs = StaticInputs(plan, dispatcher.max_capture_size)
-        self._warn_padding = bool(plan.state_names()) and not plan.pad_values
-        self._in_place_ptrs: tuple[tuple[int, int], ...] | None = None
         self.uses_graphs = dispatcher.cudagraph_mode != NONE
-        self._warned: set[str] = set()
-        self._first_statics: tuple[Any, ...] | None = None
-        self._example: tuple[Any, ...] | None = None
-        """The first automatic call's arguments: the layout `capture_all` runs with."""
-        static = plan.static_tensors
-        self._get_statics = operator.itemgetter(*static, *static[:1]) if static else None
+        self.owner = ThreadOwner()
+        self.instances = InstanceSlots(
+            plan.static_tensors, plan.in_place, _weak(self._drop_instance), _weak(self._borrow)
+        )
+        self._fallbacks = FallbackLog(report.graph_id, plan, dispatcher, self.owner)
+        self._warn_padding = bool(plan.state_names()) and not plan.pad_values
         _live_graphs.add(self)
 
+    @property
+    def report_id(self) -> int:
+        """The graph's number in logs and reports."""
+        return self._report.graph_id
+
     def __call__(self, *args: Any) -> Any:
-        if is_forward_context_available() or not self.uses_graphs:
+        if not self.uses_graphs:
             return self.runnable(*args)
-        if not self._same_statics(args):
-            return self._run_eager(args, None, "shared")
-        if self.plan.in_place and not self._same_in_place(args):
+        if self.owner.ident != threading.get_ident() and not self.owner.claim():
+            return self._run_eager(args, None, "thread", self.traced)
+        if is_forward_context_available():
+            return self.runnable(*args)
+        slot = self.instances.slot_of(args)
+        if slot is None:
+            return self._run_eager(args, None, "instances")
+        if self.plan.in_place and not self.instances.same_in_place(slot, args):
             return self._run_eager(args, None, "moved")
-        if self._example is None:
-            self._example = args
+        self.instances.remember(slot, args, with_graphs=False)
         n = self.plan.batch_size(args)
         mode, desc = self._dispatch(n)
         if mode == NONE:
             return self._run_eager(args, n)
-        padded = desc.num_tokens
-        if padded != n:
+        if desc.num_tokens != n:
             if self.plan.pad_unsafe is not None:
                 return self._run_eager(args, n, "unpadded")
             if self._warn_padding:
-                self._warn_once(n, "padding")
+                self._fallbacks.warn("padding", n)
+        return self._run_graphs(args, slot, n, mode, desc)
+
+    def _run_graphs(
+        self, args: tuple[Any, ...], slot: int, n: int, mode: CUDAGraphMode, desc: Any
+    ) -> Any:
+        padded = desc.num_tokens
         static_args = self.static_inputs.fill(args, n, padded)
+        self.instances.remember(slot, static_args, with_graphs=True)
         shape_key = tuple([static_args[i] for i in self.plan.int_args])
-        with set_forward_context(mode, desc, shape_key=shape_key):
+        with set_forward_context(mode, desc, shape_key=shape_key, instance=slot):
             out = self.runnable(*static_args)
         if self.plan.copied_back:
             self.static_inputs.copy_back(args, static_args, n)
@@ -124,54 +145,11 @@ class CompiledGraph:
         return out
 
     def capture_all(self, progress: bool = True) -> int:
-        """Capture every graph the dispatcher lists now, instead of on first use.
-
-        Runs nothing: graphs are recorded on batches made of padding rows, the eager ops
-        between PIECEWISE pieces are replaced by shape-only stand-ins, so parameters, buffers
-        and inputs keep their values. A key whose capture fails is left to lazy capture (which
-        warms up first). PIECEWISE keys first, then FULL, each largest first so smaller graphs
-        reuse the pool blocks of larger ones; the garbage collector is frozen meanwhile. Needs
-        one call of the compiled model first (its parameters, layout and warmed-up kernels).
-        Returns graphs captured.
-        """
-        if not self.uses_graphs:
-            return 0
-        if self._example is None:
-            raise CGCompileError(
-                f"graph {self._report.graph_id}: capture_all needs one call of the compiled "
-                f"model first; it reuses that call's parameters and input layout"
-            )
-        todo = [(m, d) for m, descs in self.dispatcher.get_capture_descs() for d in descs]
-        before = counters.num_cudagraph_captured
-        gc.collect()
-        gc.freeze()
-        try:
-            for mode, desc in _progress(todo, progress, f"graph {self._report.graph_id}"):
-                self._capture_key(mode, desc)
-        finally:
-            gc.unfreeze()
-        captured = counters.num_cudagraph_captured - before
-        logger.info(
-            "graph %d: captured %d graphs for %d keys", self._report.graph_id, captured, len(todo)
-        )
-        return captured
-
-    def _capture_key(self, mode: CUDAGraphMode, desc: Any) -> None:
-        args = self.static_inputs.at_size(self._example, desc.num_tokens)
-        shape_key = tuple([args[i] for i in self.plan.int_args])
-        stand_ins = self._shapes_only() if mode == PIECEWISE else contextlib.nullcontext()
-        try:
-            with set_forward_context(mode, desc, shape_key=shape_key, capture_only=True):
-                with stand_ins:
-                    self.runnable(*args)
-        except CaptureError as exc:
-            logger.warning(
-                "graph %d: %s key %s not captured ahead (%s); it is captured on first use",
-                self._report.graph_id,
-                mode,
-                _describe_key((desc, shape_key)),
-                exc,
-            )
+        """Capture every graph the dispatcher lists now, instead of on first use, for every
+        live module instance (see `bulk_capture`); runs nothing, so no tensor changes. Needs
+        one call with graphs first (its parameters, layout and warmed-up kernels) and the
+        thread that owns the graphs. Returns graphs captured."""
+        return bulk_capture.capture_graphs(self, progress) if self.uses_graphs else 0
 
     def _dispatch(self, n: int | None) -> tuple[CUDAGraphMode, Any]:
         if n is None:
@@ -186,86 +164,27 @@ class CompiledGraph:
             n, bool(uniform), hint.has_lora, invalid_modes=hint.invalid_modes
         )
 
-    def _same_statics(self, args: tuple[Any, ...]) -> bool:
-        """Whether the parameters and buffers are the objects of the first call.
-
-        One compiled graph can serve several module instances (identical layers compiled as
-        separate frames after a graph break). Graphs bake in parameter addresses and share one
-        pool, so only the first instance's calls may use them.
-        """
-        if self._get_statics is None:
-            return True
-        current = self._get_statics(args)  # a tuple even for one index: that one is repeated
-        if self._first_statics is None:
-            self._first_statics = current
-            return True
-        return all(map(operator.is_, current, self._first_statics))
-
-    def _same_in_place(self, args: tuple[Any, ...]) -> bool:
-        """Whether the inputs the graph writes in place are at their first call's addresses:
-        graphs read and write them there."""
-        ptrs = tuple((i, args[i].data_ptr()) for i in self.plan.in_place)
-        if self._in_place_ptrs is None:
-            self._in_place_ptrs = ptrs
-        return ptrs == self._in_place_ptrs
-
-    def _run_eager(self, args: tuple[Any, ...], n: int | None, kind: str | None = None) -> Any:
+    def _run_eager(
+        self,
+        args: tuple[Any, ...],
+        n: int | None,
+        kind: str | None = None,
+        runnable: Callable[..., Any] | None = None,
+    ) -> Any:
         counters.num_eager_fallbacks += 1
         self._report.num_eager_fallbacks += 1
-        self._warn_once(n, kind)
-        return self.runnable(*args)
+        self._fallbacks.warn(kind, n)
+        return (runnable or self.runnable)(*args)
 
-    def _warn_once(self, n: int | None, kind: str | None = None) -> None:
-        """One warning per kind of miss, so missing sizes are never silent nor noisy."""
-        kind, why = self._why(n, kind)
-        if kind in self._warned:
-            return
-        self._warned.add(kind)
-        if kind == "padding":
-            logger.warning("graph %d pads a batch: %s", self._report.graph_id, why)
-            return
-        logger.warning(
-            "graph %d runs a batch without CUDA graphs (%s); counted in num_eager_fallbacks, "
-            "warned once",
-            self._report.graph_id,
-            why,
-        )
+    def _drop_instance(self, slot: int) -> None:
+        """A module instance was freed: its graphs go too (their pool blocks are reused)."""
+        for wrapper in self.wrappers:
+            wrapper.drop_instance(slot)
+        logger.debug("graph %d: module instance %d freed, its graphs dropped", self.report_id, slot)
 
-    def _why(self, n: int | None, kind: str | None) -> tuple[str, str]:
-        plan = self.plan
-        if kind == "shared":
-            return kind, (
-                "it is called with other parameters than its first call: the same code is "
-                "shared by several module instances, e.g. identical layers compiled as separate "
-                "frames after a graph break; compile with fullgraph=True to find the break"
-            )
-        if kind == "moved":
-            names = [plan.names[i] for i in plan.in_place]
-            return kind, (
-                f"it writes {names} in place and one of them is not the tensor of the first "
-                f"call; graphs read and write those tensors where they were, so keep them at "
-                f"fixed addresses (e.g. allocate a cache once)"
-            )
-        if kind == "padding":
-            batch = [plan.names[i] for i in plan.batch_tensors]
-            return kind, (
-                f"{n} rows padded with zeros; the graph writes {plan.state_names()} in place "
-                f"and padded rows may write there where an eager call would not. Declare what "
-                f"padded rows hold with cgcompile.mark_dynamic_batch(t, pad_value=...) for the "
-                f"batch input that says where rows write ({batch}), e.g. a reserved trash slot"
-            )
-        if kind == "unpadded":
-            return kind, (
-                f"{n} rows are not padded to a capture size: padding could change what the "
-                f"caller sees, as {plan.pad_unsafe}; batches of a capture size still use graphs"
-            )
-        if n is None:
-            return "shape", "the batch tensors disagree on dim 0, or there are none"
-        if n > self.dispatcher.max_capture_size:
-            return "large", (
-                f"{n} tokens exceed the largest capture size {self.dispatcher.max_capture_size}"
-            )
-        return "key", f"no graph serves {n} tokens with the current batch_hint"
+    def _borrow(self, tensors: Any) -> None:
+        if self.runtime is not None:
+            self.runtime.borrow(tensors)
 
     @property
     def report(self) -> GraphReport:
@@ -274,7 +193,10 @@ class CompiledGraph:
         for wrapper in self.wrappers:
             captured.setdefault(str(wrapper.runtime_mode), set()).update(wrapper.captured_keys())
         self._report.captured = {
-            mode: [_describe_key(k) for k in sorted(keys, key=lambda k: (k[0].num_tokens, k[1]))]
+            mode: [
+                bulk_capture.describe_key(k)
+                for k in sorted(keys, key=lambda k: (k[2], k[0].num_tokens, k[1]))
+            ]
             for mode, keys in captured.items()
         }
         self._report.capture_seconds = sum(w.capture_seconds for w in self.wrappers)
@@ -287,30 +209,27 @@ class CompiledGraph:
         return self.report.format()
 
 
+def _weak(method: Callable[..., None]) -> Callable[..., None]:
+    """`method` without a strong reference to its object: a compiled graph must be freed as
+    soon as Dynamo drops it, not when the collector finds a cycle."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
+
+
 def capture_all(progress: bool = True) -> int:
     """Capture now every graph that every live compiled graph's dispatcher lists.
 
-    Each compiled graph must have been called once (it reuses that call's parameters and
-    input layout), else `CGCompileError`. Returns how many CUDA graphs this call recorded: one
-    per piece for each PIECEWISE key plus one per FULL key; keys captured before are replayed
-    and not counted, so a second call returns 0. `progress`: a tqdm bar if tqdm is installed.
+    Each compiled graph must have been called once at a size with graphs (it reuses that
+    call's parameters and input layout), else `CGCompileError`; graphs owned by another live
+    thread are skipped with a warning. Returns how many CUDA graphs this call recorded: one
+    per piece for each PIECEWISE key plus one per FULL key, for each live module instance;
+    keys captured before are not counted, so a second call returns 0. `progress`: a tqdm bar
+    if tqdm is installed.
     """
     return sum(graph.capture_all(progress) for graph in compiled_graphs())
-
-
-def _progress(items: list[Any], enabled: bool, name: str) -> Iterable[Any]:
-    if not enabled:
-        return items
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return items
-    return tqdm(items, desc=f"cgcompile {name}: capturing CUDA graphs", unit="graph")
-
-
-def _describe_key(key: Any) -> str:
-    desc, sizes = key
-    text = f"{desc.num_tokens}"
-    if desc.uniform:
-        text += f"u{desc.num_reqs}"
-    return text + (f"{list(sizes)}" if len(sizes) > 1 else "")

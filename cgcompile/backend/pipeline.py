@@ -102,7 +102,14 @@ def compile_graph(
     report.pad_unsafe = plan.pad_unsafe
     _log_resolution(graph_id, resolution, attention, split)
     return CompiledGraph(
-        runnable, dispatcher, plan, report, wrappers, runtime, functools.partial(shapes_only, split)
+        runnable,
+        dispatcher,
+        plan,
+        report,
+        wrappers,
+        runtime,
+        functools.partial(shapes_only, split),
+        traced=gm.forward,
     )
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -73,6 +73,9 @@ class CUDAGraphRuntime:
         outside captures (warm-up runs, static input buffers).
         """
         return self._reserved_bytes
+
+    def borrow(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Nothing to do: a CUDA graph keeps addresses, never its input tensors."""
 
     def capture(
         self,

@@ -27,10 +27,10 @@ from cgcompile.wrappers.runtime import CapturedGraph, GraphRuntime
 
 logger = logging.getLogger(__name__)
 
-GraphKey = tuple[BatchDescriptor | None, tuple[int, ...]]
-"""(batch descriptor, dynamic sizes): the forward context's `shape_key`, else the call's int
-args, which carry the run-time values of symbolic sizes; graphs for different non-batch sizes
-never mix."""
+GraphKey = tuple[BatchDescriptor | None, tuple[int, ...], int]
+"""(batch descriptor, dynamic sizes, module instance): the sizes are the forward context's
+`shape_key`, else the call's int args, which carry the run-time values of symbolic sizes;
+graphs for different non-batch sizes or module instances never mix."""
 
 
 @dataclasses.dataclass
@@ -53,8 +53,9 @@ class CUDAGraphWrapper:
 
     Per call (`__call__`):
     1. no forward context, or its runtime mode is NONE or another mode: call `runnable`;
-    2. key = the context's `graph_key` (batch descriptor, the forward's dynamic sizes), built
-       once per forward, else (batch descriptor, this call's int args);
+    2. key = the context's `graph_key` (batch descriptor, the forward's dynamic sizes, module
+       instance), built once per forward, else (batch descriptor, this call's int args,
+       instance);
     3. unseen key: the first `num_warmups` calls of it are `_warmup` calls: they run `runnable`
        and return its result (allocator growth, autotuning and lazy init happen there; a
        wrapper whose callable never ran warms up once whatever `num_warmups` says, since a
@@ -115,8 +116,14 @@ class CUDAGraphWrapper:
         return len(self.entries)
 
     def captured_keys(self) -> list[GraphKey]:
-        """The key of every graph held: (batch descriptor, dynamic sizes)."""
+        """The key of every graph held: (batch descriptor, dynamic sizes, module instance)."""
         return list(self.entries)
+
+    def drop_instance(self, instance: int) -> None:
+        """Forget the graphs, warm-up counts and failures of one module instance (it is gone)."""
+        for table in (self.entries, self.failed_keys, self.warmup_calls):
+            for key in [k for k in table if k[2] == instance]:
+                del table[key]
 
     def __call__(self, *args: Any) -> Any:
         ctx = current_forward_context()
@@ -147,7 +154,7 @@ class CUDAGraphWrapper:
         # the runnable's signature is fixed (a compiled graph), so int positions never move
         if self._int_positions is None:
             self._int_positions = tuple(i for i, a in enumerate(args) if type(a) is int)
-        return ctx.batch_descriptor, tuple([args[i] for i in self._int_positions])
+        return ctx.batch_descriptor, tuple([args[i] for i in self._int_positions]), ctx.instance
 
     def _capture_and_replay(self, key: GraphKey, args: tuple[Any, ...]) -> Any:
         try:

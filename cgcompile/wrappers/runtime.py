@@ -12,7 +12,7 @@ wrapper of that model shares it, and so shares one memory pool.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import torch
@@ -51,6 +51,11 @@ class GraphRuntime(Protocol):
 
     def memory_bytes(self) -> int:
         """Device memory this runtime's captures took (0 where nothing is measured)."""
+        ...
+
+    def borrow(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Tensors owned elsewhere (a model's parameters and buffers): graphs captured on them
+        must not keep them alive, so a deleted model frees them."""
         ...
 
 

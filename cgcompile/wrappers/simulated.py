@@ -15,7 +15,8 @@ replay (a counter inside an eager op of a simulated FULL graph moves; on a GPU i
 writes to state not passed as an arg (closures, globals) also happen at capture. Outputs that
 share storage with a tensor arg are not poisoned: on a GPU they show that arg's real data.
 Outputs whose elements share memory (expanded or overlapping views) are written storage-wide,
-as a graph's kernels wrote them.
+as a graph's kernels wrote them. Args `borrow`ed from a model (its parameters and buffers) are
+held weakly, as a CUDA graph holds only their addresses, so a deleted model is freed.
 
     runtime = SimulatedGraphRuntime()
     graph, out = runtime.capture(torch.sin, (x,), weak_output=False)  # NaN until replay
@@ -23,11 +24,14 @@ as a graph's kernels wrote them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
+
+from cgcompile.errors import CaptureError
 
 
 def poison_value(dtype: torch.dtype) -> float | int | bool | None:
@@ -46,13 +50,29 @@ def poison_value(dtype: torch.dtype) -> float | int | bool | None:
 
 
 class SimulatedGraph:
-    """A recorded callable: replay re-runs it on the captured args, writes into the outputs."""
+    """A recorded callable: replay re-runs it on the captured args, writes into the outputs.
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], output: Any) -> None:
+    Borrowed args (a model's parameters) are held weakly, as a CUDA graph holds only their
+    addresses; replaying after one was freed raises, where a GPU would read freed memory."""
+
+    def __init__(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], output: Any, borrowed: Any = ()
+    ) -> None:
         self.fn = fn
-        self.args = args
+        self._args = [weakref.ref(a) if _is_in(a, borrowed) else a for a in args]
         self.output = output
         self._targets = _tensor_leaves(output)
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        """The captured args; `CaptureError` if a borrowed one was freed."""
+        args = tuple(a() if isinstance(a, weakref.ref) else a for a in self._args)
+        if any(a is None for a, held in zip(args, self._args, strict=True) if held is not a):
+            raise CaptureError(
+                "a simulated graph replayed after a parameter or buffer it reads was freed; "
+                "on a GPU it would read freed memory"
+            )
+        return args
 
     def replay(self) -> Any:
         fresh = _tensor_leaves(self.fn(*self.args))
@@ -75,6 +95,16 @@ class SimulatedGraphRuntime:
 
     name = "simulated"
 
+    def __init__(self) -> None:
+        self._borrowed: weakref.WeakValueDictionary[int, torch.Tensor] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def borrow(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Graphs captured from now on hold these weakly."""
+        for t in tensors:
+            self._borrowed[id(t)] = t
+
     def capture(
         self,
         fn: Callable[..., Any],
@@ -86,11 +116,15 @@ class SimulatedGraphRuntime:
         output = _run_without_arg_writes(fn, args)
         if not dry_run:
             _poison(output, {_storage_ptr(a) for a in args if isinstance(a, torch.Tensor)})
-        return SimulatedGraph(fn, args, output), output
+        return SimulatedGraph(fn, args, output, self._borrowed), output
 
     def memory_bytes(self) -> int:
         """Always 0: simulated graphs own no device memory beyond their output tensors."""
         return 0
+
+
+def _is_in(arg: Any, borrowed: Any) -> bool:
+    return isinstance(arg, torch.Tensor) and borrowed.get(id(arg)) is arg
 
 
 def _poison(output: Any, arg_storages: set[int]) -> None:

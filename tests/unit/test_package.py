@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import cgcompile
-from cgcompile.backend.compiled_graph import _describe_key
+from cgcompile.backend.bulk_capture import describe_key
 from cgcompile.forward_context import BatchDescriptor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,11 +62,13 @@ def test_mark_dynamic_batch_docstring_explains_its_arguments() -> None:
 
 
 def test_readme_key_notation_is_what_reports_print() -> None:
-    key = (BatchDescriptor(24, num_reqs=24, uniform=True), (24, 24))
-    assert _describe_key(key) == "24u24[24, 24]"
+    key = (BatchDescriptor(24, num_reqs=24, uniform=True), (24, 24), 0)
+    assert describe_key(key) == "24u24[24, 24]"
     assert "`24u24[24, 24]`" in README
-    assert _describe_key((BatchDescriptor(8), (8,))) == "8"
+    assert describe_key((BatchDescriptor(8), (8,), 0)) == "8"
     assert "`8`" in README
+    assert describe_key((BatchDescriptor(8), (8,), 1)) == "8#1"
+    assert "`8#1`" in README
 
 
 def test_readme_says_how_to_validate_and_log() -> None:

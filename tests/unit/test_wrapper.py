@@ -88,7 +88,7 @@ def test_warmup_calls_run_eagerly_then_one_call_captures() -> None:
         out = wrapper(x)
     assert fn.calls == 5  # a simulated replay re-runs fn (a CUDA replay would not)
     assert torch.equal(out, x * 2 + 1)
-    assert wrapper.captured_keys() == [(BatchDescriptor(4), ())]
+    assert wrapper.captured_keys() == [(BatchDescriptor(4), (), 0)]
     assert wrapper.num_captures == 1
     assert wrapper.capture_seconds >= 0.0
 
@@ -265,7 +265,7 @@ def test_int_args_make_distinct_keys() -> None:
         wrapper(x, 2)
         wrapper(x, 3)
         wrapper(x, 2)
-    assert wrapper.captured_keys() == [(BatchDescriptor(4), (2,)), (BatchDescriptor(4), (3,))]
+    assert wrapper.captured_keys() == [(BatchDescriptor(4), (2,), 0), (BatchDescriptor(4), (3,), 0)]
 
 
 @pytest.mark.parametrize(
@@ -311,7 +311,7 @@ def test_capture_failure_runs_key_eagerly() -> None:
             later = wrapper(x)  # known failed key: eager, no new capture attempt
     assert torch.equal(out, x * 2 + 1) and torch.equal(later, x * 2 + 1)
     assert fn.calls == 1 + 1  # the failed key's eager fallback + the later eager call
-    assert wrapper.failed_keys == {(BatchDescriptor(4), ()): "this op cannot be captured"}
+    assert wrapper.failed_keys == {(BatchDescriptor(4), (), 0): "this op cannot be captured"}
     assert wrapper.entries == {}
 
 

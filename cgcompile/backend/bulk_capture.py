@@ -1,0 +1,110 @@
+"""`capture_all`: record every graph a compiled graph's dispatcher lists, running nothing.
+
+For each live module instance that has had a call with graphs: FULL graphs are recorded whole,
+and PIECEWISE pieces are recorded one after the other with each eager splitting op replaced by
+a shape-only stand-in (`dry_run.shapes_only`), on batches made of padding rows, so parameters,
+buffers and inputs keep their values. PIECEWISE keys first, then FULL, each largest first so
+smaller graphs reuse the pool blocks of larger ones; the garbage collector is frozen meanwhile.
+A key whose capture fails is left to lazy capture (which warms up first).
+
+    captured = capture_graphs(graph, progress=False)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from cgcompile.config import CUDAGraphMode
+from cgcompile.counters import counters
+from cgcompile.errors import CaptureError, CGCompileError
+from cgcompile.forward_context import BatchDescriptor, set_forward_context
+
+if TYPE_CHECKING:
+    from cgcompile.backend.compiled_graph import CompiledGraph
+
+logger = logging.getLogger(__name__)
+
+
+def capture_graphs(graph: CompiledGraph, progress: bool) -> int:
+    """Capture every listed key for every live instance of `graph`; returns graphs recorded."""
+    graph_id = graph.report_id
+    if not graph.owner.claim():
+        logger.warning(
+            "graph %d: capture_all skips it: its graphs belong to thread %r, and this is %r",
+            graph_id,
+            graph.owner.name,
+            threading.current_thread().name,
+        )
+        return 0
+    examples = [(slot, graph.instances.example(slot)) for slot in graph.instances.live()]
+    examples = [(slot, args) for slot, args in examples if args is not None]
+    if not examples and graph.instances.seen:
+        logger.debug("graph %d: capture_all skips it: its module instances were freed", graph_id)
+        return 0
+    if not examples:
+        raise CGCompileError(
+            f"graph {graph_id}: capture_all needs one call of the compiled model first; it "
+            f"reuses that call's parameters and input layout"
+        )
+    keys = [(m, d) for m, descs in graph.dispatcher.get_capture_descs() for d in descs]
+    todo = [(slot, args, mode, desc) for slot, args in examples for mode, desc in keys]
+    before = counters.num_cudagraph_captured
+    gc.collect()
+    gc.freeze()
+    try:
+        with torch.no_grad():  # graphs are for inference; nothing here may record autograd
+            for item in _progress(todo, progress, f"graph {graph_id}"):
+                _capture_key(graph, *item)
+    finally:
+        gc.unfreeze()
+    captured = counters.num_cudagraph_captured - before
+    logger.info("graph %d: captured %d graphs for %d keys", graph_id, captured, len(todo))
+    return captured
+
+
+def _capture_key(
+    graph: CompiledGraph, slot: int, example: list[Any], mode: CUDAGraphMode, desc: Any
+) -> None:
+    args = graph.static_inputs.at_size(example, desc.num_tokens)
+    shape_key = tuple([args[i] for i in graph.plan.int_args])
+    pieces = graph.shapes_only() if mode == CUDAGraphMode.PIECEWISE else contextlib.nullcontext()
+    try:
+        with set_forward_context(mode, desc, shape_key=shape_key, capture_only=True, instance=slot):
+            with pieces:
+                graph.runnable(*args)
+    except CaptureError as exc:
+        logger.warning(
+            "graph %d: %s key %s not captured ahead (%s); it is captured on first use",
+            graph.report_id,
+            mode,
+            describe_key((desc, shape_key, slot)),
+            exc,
+        )
+
+
+def describe_key(key: tuple[BatchDescriptor, tuple[int, ...], int]) -> str:
+    """`24u24[24, 24]#1`: padded tokens, `u` and requests for uniform decode, the sizes when
+    more than one, `#k` for the k-th module instance after the first."""
+    desc, sizes, instance = key
+    text = f"{desc.num_tokens}"
+    if desc.uniform:
+        text += f"u{desc.num_reqs}"
+    text += f"{list(sizes)}" if len(sizes) > 1 else ""
+    return text + (f"#{instance}" if instance else "")
+
+
+def _progress(items: list[Any], enabled: bool, name: str) -> Iterable[Any]:
+    if not enabled:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=f"cgcompile {name}: capturing CUDA graphs", unit="graph")
