@@ -45,12 +45,17 @@ class NullRuntime:
 
     name = "null"
 
-    def capture(self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool):
+    def capture(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool, dry_run: bool
+    ):
         output = fn(*args)
         return NullGraph(output), output
 
     def memory_bytes(self) -> int:
         return 0
+
+    def borrow(self, tensors: Any) -> None:
+        """Holds nothing."""
 
 
 def per_call_us(fn: Callable[[], Any], calls: int = 2000) -> float:
@@ -86,6 +91,25 @@ def _record_call(graph: Any, step: Callable[[], Any]) -> tuple[Any, Any, Any]:
     finally:
         cls.__call__, graph.runnable = outer_call, runnable
     return seen["outer"], seen["inner"], seen["ctx"]
+
+
+def _without_address_checks(graph: Any, manual: Callable[[], Any]) -> float:
+    """`manual`'s us per forward with the replays' address lists emptied, then restored."""
+    entries = [e for w in graph.wrappers for e in w.entries.values()]
+    saved = [e.addresses for e in entries]
+    for entry in entries:
+        entry.addresses = ()
+    try:
+        return per_call_us(manual)
+    finally:
+        for entry, addresses in zip(entries, saved, strict=True):
+            entry.addresses = addresses
+
+
+def _address_checks(graph: Any, mode: Any) -> int:
+    """Addresses one manual-mode forward checks: each acting wrapper's one key (one size)."""
+    acting = [w for w in graph.wrappers if w.runtime_mode is mode]
+    return sum(max((len(e.addresses) for e in w.entries.values()), default=0) for w in acting)
 
 
 def main() -> None:
@@ -141,10 +165,16 @@ def main() -> None:
             ):
                 return graph.runnable(*inner)
 
+        def manual() -> Any:  # the caller's own context: every replay checks input addresses
+            with set_forward_context(ctx.cudagraph_runtime_mode, ctx.batch_descriptor):
+                return graph(*inner)
+
         tiers = {
             "torch.compile'd model": per_call_us(step),
             "CompiledGraph (no Dynamo)": per_call_us(no_dynamo),
             "stitching + wrappers": per_call_us(graphs_only),
+            "manual mode": per_call_us(manual),
+            "manual mode, no checks": _without_address_checks(graph, manual),
             "hand loop": per_call_us(hand),
             "one attention call": per_call_us(lambda: layer.attention(query), 20000),
         }
@@ -152,6 +182,9 @@ def main() -> None:
         print(f"{mode}{guards}, 8 tokens, us per forward:")
         for name, us in tiers.items():
             print(f"  {name:28} {us:8.1f}")
+        checks = _address_checks(graph, ctx.cudagraph_runtime_mode)
+        cost = tiers["manual mode"] - tiers["manual mode, no checks"]
+        print(f"  manual mode checks {checks} addresses per forward: {cost:.1f} us")
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(2000):

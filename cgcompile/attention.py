@@ -69,3 +69,9 @@ def is_split_at(matcher: OpMatcher, targets: Iterable[Any]) -> bool:
     """True when every attention op among `targets` is a splitting op of `matcher`."""
     attention = [t for t in targets if attention_support_of(t) is not None]
     return bool(attention) and all(matcher.matches_target(t) for t in attention)
+
+
+def unsplit_attention(matcher: OpMatcher, targets: Iterable[Any]) -> dict[str, AttentionCGSupport]:
+    """Attention ops among `targets` that `matcher` does not split, with their support: they
+    would sit inside a captured piece."""
+    return find_attention(t for t in targets if not matcher.matches_target(t))

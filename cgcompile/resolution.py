@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from collections.abc import Mapping
 
 from cgcompile.config import AttentionCGSupport, CUDAGraphMode
 from cgcompile.errors import ConfigError
 
 FULL = CUDAGraphMode.FULL
+FULL_DECODE_ONLY = CUDAGraphMode.FULL_DECODE_ONLY
 NONE = CUDAGraphMode.NONE
 PIECEWISE = CUDAGraphMode.PIECEWISE
 
@@ -26,6 +28,7 @@ class Rule(enum.Enum):
     """Why a mode or the capture sizes changed."""
 
     NO_GRAPH_RUNTIME = "no CUDA device and no simulated runtime: graphs are unavailable"
+    ATTENTION_NOT_SPLIT = "attention below ALWAYS inside piecewise graphs: it must be split"
     NEEDS_AUTOGRAD = "outputs that require grad: graphs are for inference"
     FULL_NEEDS_ALWAYS = "FULL needs attention support ALWAYS"
     DECODE_NEEDS_SUPPORT = "full decode graphs need attention support above NEVER"
@@ -65,6 +68,7 @@ def resolve_cudagraph_mode(
     piecewise_available: bool = True,
     graphs_available: bool = True,
     needs_autograd: bool = False,
+    unsplit_attention: Mapping[str, AttentionCGSupport] | None = None,
     uniform_decode_query_len: int = 1,
     capture_sizes: tuple[int, ...] = (),
 ) -> Resolution:
@@ -73,50 +77,71 @@ def resolve_cudagraph_mode(
     `splits_attention`: the graph is split at its attention ops (attention can run eagerly
     between pieces). `piecewise_available`: splitting ops are configured at all.
     `needs_autograd`: the graph's outputs require grad (a replayed graph records no autograd
-    history, so such graphs run without CUDA graphs).
+    history, so such graphs run without CUDA graphs). `unsplit_attention`: attention ops in
+    the graph that no splitting op splits, with their support; piecewise graphs would capture
+    them with every kind of batch, which needs ALWAYS.
     """
-    q = uniform_decode_query_len
-    reasons: list[Downgrade] = []
-
-    def lower(rule: Rule, to: CUDAGraphMode, cause: str) -> None:
-        nonlocal mode
-        reasons.append(Downgrade(rule, mode, to, cause))
-        mode = to
-
-    requested = mode
+    state = _Lowering(mode)
     if mode != NONE and not graphs_available:
-        lower(Rule.NO_GRAPH_RUNTIME, NONE, "inputs are not on a CUDA device")
-    if mode != NONE and needs_autograd:
-        lower(Rule.NEEDS_AUTOGRAD, NONE, _AUTOGRAD_CAUSE)
-    if mode == FULL and attention_support < AttentionCGSupport.ALWAYS:
+        state.lower(Rule.NO_GRAPH_RUNTIME, NONE, "inputs are not on a CUDA device")
+    if state.mode != NONE and needs_autograd:
+        state.lower(Rule.NEEDS_AUTOGRAD, NONE, _AUTOGRAD_CAUSE)
+    if state.mode == FULL and attention_support < AttentionCGSupport.ALWAYS:
         _check_not_never(attention_support)
-        to = (
-            CUDAGraphMode.FULL_AND_PIECEWISE if splits_attention else CUDAGraphMode.FULL_DECODE_ONLY
-        )
-        lower(Rule.FULL_NEEDS_ALWAYS, to, f"attention support is {attention_support}")
-    fallback = PIECEWISE if splits_attention else NONE
-    if mode.decode_mode() == FULL and attention_support == AttentionCGSupport.NEVER:
-        lower(Rule.DECODE_NEEDS_SUPPORT, fallback, "attention support is NEVER")
-    if (
-        mode.decode_mode() == FULL
-        and q > 1
-        and attention_support < AttentionCGSupport.UNIFORM_BATCH
-    ):
-        cause = f"q={q} and attention support is {attention_support}"
-        lower(Rule.SPEC_DECODE_NEEDS_UNIFORM_BATCH, fallback, cause)
-    if mode.requires_piecewise_compilation() and not piecewise_available:
-        to = mode.without_piecewise()
-        if to == CUDAGraphMode.FULL_DECODE_ONLY and attention_support == AttentionCGSupport.ALWAYS:
+        to = CUDAGraphMode.FULL_AND_PIECEWISE if splits_attention else FULL_DECODE_ONLY
+        state.lower(Rule.FULL_NEEDS_ALWAYS, to, f"attention support is {attention_support}")
+    _lower_unsplit(state, unsplit_attention or {})
+    _lower_decode(state, attention_support, splits_attention, uniform_decode_query_len)
+    if state.mode.requires_piecewise_compilation() and not piecewise_available:
+        to = state.mode.without_piecewise()
+        if to == FULL_DECODE_ONLY and attention_support == AttentionCGSupport.ALWAYS:
             to = FULL
-        lower(Rule.NOTHING_SPLIT, to, "splitting_ops is empty")
+        state.lower(Rule.NOTHING_SPLIT, to, "splitting_ops is empty")
     sizes = capture_sizes
-    if mode.decode_mode() == FULL and q > 1:
+    q = uniform_decode_query_len
+    if state.mode.decode_mode() == FULL and q > 1:
         sizes = round_sizes_to_multiple(capture_sizes, q)
         if sizes != capture_sizes:
-            reasons.append(
-                Downgrade(Rule.SIZES_ROUNDED_TO_Q, mode, mode, f"{capture_sizes} -> {sizes}")
-            )
-    return Resolution(requested, mode, tuple(reasons), sizes)
+            cause = f"{capture_sizes} -> {sizes}"
+            state.reasons.append(Downgrade(Rule.SIZES_ROUNDED_TO_Q, state.mode, state.mode, cause))
+    return Resolution(mode, state.mode, tuple(state.reasons), sizes)
+
+
+class _Lowering:
+    """The mode as the rules lower it, and every `Downgrade` so far."""
+
+    def __init__(self, mode: CUDAGraphMode) -> None:
+        self.mode = mode
+        self.reasons: list[Downgrade] = []
+
+    def lower(self, rule: Rule, to: CUDAGraphMode, cause: str) -> None:
+        self.reasons.append(Downgrade(rule, self.mode, to, cause))
+        self.mode = to
+
+
+def _lower_unsplit(state: _Lowering, unsplit: Mapping[str, AttentionCGSupport]) -> None:
+    """Piecewise graphs serve every kind of batch: attention inside them needs ALWAYS."""
+    below = {name: s for name, s in unsplit.items() if s < AttentionCGSupport.ALWAYS}
+    if not below or not state.mode.has_piecewise_cudagraphs():
+        return
+    ops = ", ".join(f"{name} ({support})" for name, support in sorted(below.items()))
+    cause = (
+        f"attention {ops} is not among splitting_ops, so piecewise graphs would capture it "
+        f"with every kind of batch; add it to splitting_ops to keep piecewise graphs"
+    )
+    state.lower(Rule.ATTENTION_NOT_SPLIT, state.mode.without_piecewise(), cause)
+
+
+def _lower_decode(
+    state: _Lowering, support: AttentionCGSupport, splits_attention: bool, q: int
+) -> None:
+    """Full decode graphs hold attention: NEVER cannot be in one, q > 1 needs UNIFORM_BATCH."""
+    fallback = PIECEWISE if splits_attention else NONE
+    if state.mode.decode_mode() == FULL and support == AttentionCGSupport.NEVER:
+        state.lower(Rule.DECODE_NEEDS_SUPPORT, fallback, "attention support is NEVER")
+    if state.mode.decode_mode() == FULL and q > 1 and support < AttentionCGSupport.UNIFORM_BATCH:
+        cause = f"q={q} and attention support is {support}"
+        state.lower(Rule.SPEC_DECODE_NEEDS_UNIFORM_BATCH, fallback, cause)
 
 
 _AUTOGRAD_CAUSE = (

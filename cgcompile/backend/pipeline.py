@@ -26,7 +26,13 @@ from typing import Any
 import torch
 from torch import fx
 
-from cgcompile.attention import attention_ops, attention_support_of, find_attention, is_split_at
+from cgcompile.attention import (
+    attention_ops,
+    attention_support_of,
+    find_attention,
+    is_split_at,
+    unsplit_attention,
+)
 from cgcompile.backend.compiled_graph import CompiledGraph
 from cgcompile.backend.dry_run import shapes_only
 from cgcompile.backend.inputs import InputPlan
@@ -71,6 +77,7 @@ def compile_graph(
         piecewise_available=bool(matcher),
         graphs_available=runtime_kind is not None,
         needs_autograd=_needs_autograd(gm),
+        unsplit_attention=_unsplit(config, matcher, targets),
         uniform_decode_query_len=config.uniform_decode_query_len,
         capture_sizes=_capture_sizes(config, plan),
     )
@@ -111,6 +118,16 @@ def compile_graph(
         functools.partial(shapes_only, split),
         traced=gm.forward,
     )
+
+
+def _unsplit(
+    config: CompilationConfig, matcher: OpMatcher, targets: list[Any]
+) -> dict[str, AttentionCGSupport]:
+    """Attention ops no splitting op splits, with their support (or the configured override)."""
+    unsplit = unsplit_attention(matcher, targets)
+    if config.attention_cg_support is None:
+        return unsplit
+    return dict.fromkeys(unsplit, config.attention_cg_support)
 
 
 def _needs_autograd(gm: fx.GraphModule) -> bool:

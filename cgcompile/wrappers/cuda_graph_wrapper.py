@@ -46,6 +46,14 @@ class GraphEntry:
     capture_seconds: float
     verified: bool = False
     """Set once the first replay after capture found the inputs where the graph reads them."""
+    addresses: tuple[tuple[int, int], ...] = dataclasses.field(init=False)
+    """(arg position, data_ptr) of the non-empty args in `input_layout`: what every replay in
+    manual mode checks (an empty tensor has no data to read, so it may move freely)."""
+
+    def __post_init__(self) -> None:
+        self.addresses = tuple(
+            (i, ptr) for i, (ptr, shape) in self.input_layout.items() if shape.numel() > 0
+        )
 
 
 class CUDAGraphWrapper:
@@ -69,8 +77,11 @@ class CUDAGraphWrapper:
        outputs, unreplayed); a `CaptureError` propagates and the key is left to lazy capture,
        as is every key of a wrapper whose callable never ran;
     5. known key: on its first replay `_verify` that inputs sit where the graph reads them
-       (raising `CaptureError` otherwise); then, inline on later calls: copy args into static
-       buffers, replay, return the graph's output objects (overwritten by the next replay).
+       (addresses and shapes; raising `CaptureError` otherwise); then, inline on later calls:
+       in manual mode (a context without `shape_key`) check each non-copied tensor arg's
+       address again, copy args into static buffers, replay, return the graph's output objects
+       (overwritten by the next replay). Automatic dispatch feeds static buffers and checks
+       the module instance itself, so its replays skip the address check.
     """
 
     def __init__(
@@ -134,6 +145,10 @@ class CUDAGraphWrapper:
         key = ctx.graph_key or self._key(ctx, args)
         entry = self.entries.get(key)
         if entry is not None and entry.verified and not ctx.capture_only:  # the steady state
+            if ctx.graph_key is None:  # manual mode: the caller keeps inputs in place; check
+                for i, address in entry.addresses:
+                    if args[i].data_ptr() != address:
+                        self._verify(entry, args)  # raises CaptureError naming the arg
             for i, buffer in entry.static_inputs:
                 if args[i] is not buffer:
                     buffer.copy_(args[i])
