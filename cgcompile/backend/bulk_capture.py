@@ -45,7 +45,7 @@ def capture_graphs(graph: CompiledGraph, progress: bool) -> int:
         return 0
     examples = [(slot, graph.instances.example(slot)) for slot in graph.instances.live()]
     examples = [(slot, args) for slot, args in examples if args is not None]
-    if not examples and graph.instances.seen:
+    if not examples and graph.instances.remembered:
         logger.debug("graph %d: capture_all skips it: its module instances were freed", graph_id)
         return 0
     if not examples:

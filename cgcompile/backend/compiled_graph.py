@@ -14,9 +14,11 @@ Per call (automatic mode, the default):
 6. copy the real rows of mutated batch tensors back to the caller's; slice batch outputs to n.
 Batches no graph fits run eagerly, unpadded, on the caller's tensors (`fallbacks` says why,
 once per kind). If the caller already set a forward context (manual, vLLM-style), it is
-honoured as is: no dispatch, padding or copies. Every call runs the model's work once, as one
-eager call would (the wrappers' warm-up calls return their own results), so state written
-inside the graph (KV caches, counters) advances exactly once per call.
+honoured: no dispatch, padding or copies; the module instance is checked by the identity of
+its parameters, and the wrappers check the other inputs' addresses on every replay. Every
+call runs the model's work once, as one eager call would (the wrappers' warm-up calls return
+their own results), so state written inside the graph (KV caches, counters) advances exactly
+once per call.
 
 `capture_all` records graphs without running the model (`bulk_capture`). Parameters are held
 weakly: a deleted model's instance and its graphs are dropped (`instances`).
@@ -45,8 +47,9 @@ from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.forward_context import (
+    ForwardContext,
     current_batch_hint,
-    is_forward_context_available,
+    current_forward_context,
     set_forward_context,
 )
 from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
@@ -108,8 +111,9 @@ class CompiledGraph:
             return self.runnable(*args)
         if self.owner.ident != threading.get_ident() and not self.owner.claim():
             return self._run_eager(args, None, "thread", self.traced)
-        if is_forward_context_available():
-            return self.runnable(*args)
+        ctx = current_forward_context()
+        if ctx is not None:
+            return self._run_manual(ctx, args)
         slot = self.instances.slot_of(args)
         if slot is None:
             return self._run_eager(args, None, "instances")
@@ -126,6 +130,20 @@ class CompiledGraph:
             if self._warn_padding:
                 self._fallbacks.warn("padding", n)
         return self._run_graphs(args, slot, n, mode, desc)
+
+    def _run_manual(self, ctx: ForwardContext, args: tuple[Any, ...]) -> Any:
+        """The caller set the context: no dispatch, padding or copies. Parameters are checked
+        by identity (each module instance replays graphs of its own); the wrappers check the
+        other inputs' addresses on every replay."""
+        slot = self.instances.slot_of(args)
+        if slot == ctx.instance:
+            return self.runnable(*args)
+        if slot is None:
+            return self._run_eager(args, None, "instances", self.traced)
+        with set_forward_context(
+            ctx.cudagraph_runtime_mode, ctx.batch_descriptor, shape_key=ctx.shape_key, instance=slot
+        ):
+            return self.runnable(*args)
 
     def _run_graphs(
         self, args: tuple[Any, ...], slot: int, n: int, mode: CUDAGraphMode, desc: Any

@@ -60,6 +60,7 @@ class InstanceSlots:
         self._slots: list[Instance | None] = []
         self._on_drop = on_drop
         self._borrow = borrow
+        self._remembered = False
 
     def slot_of(self, args: Sequence[Any]) -> int | None:
         """The slot of the instance whose static tensors `args` carries, new if unseen."""
@@ -93,11 +94,12 @@ class InstanceSlots:
             weak = set(self._static) | set(self._in_place)
             instance.example = [weakref.ref(a) if i in weak else a for i, a in enumerate(args)]
             instance.example_has_graphs = with_graphs
+            self._remembered = True
 
     @property
-    def seen(self) -> bool:
-        """Whether any instance ever called (some may since have been freed)."""
-        return bool(self._slots)
+    def remembered(self) -> bool:
+        """Whether an example call was ever kept (its instance may since have been freed)."""
+        return self._remembered
 
     def example(self, slot: int) -> list[Any] | None:
         """The remembered arguments, or None if there are none or one was freed."""

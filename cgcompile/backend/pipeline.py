@@ -89,7 +89,7 @@ def compile_graph(
     )
     mode = resolution.mode
     runtime = make_graph_runtime(runtime_kind, device) if mode != CUDAGraphMode.NONE else None
-    wrappers = _install_pieces(split, runners, mode, runtime, config, graph_id)
+    wrappers = _install_pieces(split, runners, mode, runtime, config, graph_id, plan)
     runnable: Any = split.split_gm.forward  # skips nn.Module.__call__ on the hot path
     if mode.has_full_cudagraphs():
         runnable = CUDAGraphWrapper(
@@ -98,6 +98,7 @@ def compile_graph(
             runtime,
             name=f"graph{graph_id}.full",
             num_warmups=config.num_warmups,
+            fixed_arg_indices=plan.static_tensors,
             weak_output=True,
         )
         wrappers.insert(0, runnable)
@@ -192,9 +193,11 @@ def _install_pieces(
     runtime: GraphRuntime | None,
     config: CompilationConfig,
     graph_id: int,
+    plan: InputPlan,
 ) -> list[CUDAGraphWrapper]:
     """Shadow each capturable submodule with its compiled runner, wrapped if PIECEWISE."""
     wrappers = []
+    static = set(plan.static_tensors)
     last = split.capturable[-1].name if split.capturable else None
     for item in split.capturable:
         runner = runners[item.name]
@@ -207,6 +210,7 @@ def _install_pieces(
                 name=f"graph{graph_id}.{item.name}",
                 num_warmups=config.num_warmups,
                 copy_arg_indices=item.fresh_arg_indices,
+                fixed_arg_indices=[i for i, j in enumerate(item.input_args) if j in static],
                 weak_output=item.name == last,
             )
             wrappers.append(piece)

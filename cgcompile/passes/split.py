@@ -60,6 +60,8 @@ class SplitItem:
     fresh_arg_indices: tuple[int, ...]
     """Positions of the args that a splitting piece produced: tensors an eager op allocated
     freshly, which a graph of this piece must copy in. () for splitting pieces."""
+    input_args: tuple[int | None, ...] = ()
+    """Per arg of this piece: the position of the graph input it is, None if computed."""
 
 
 @dataclasses.dataclass
@@ -185,7 +187,9 @@ def _make_item(
     ops = tuple(describe(n.target) for n in piece.graph.nodes if matcher.matches(n))
     splitting = {item.name for item in done if item.is_splitting}
     fresh = () if ops else _fresh_arg_indices(call, piece, splitting)
-    return SplitItem(name, index, bool(ops), piece, ops, fresh)
+    inputs = {n: i for i, n in enumerate(split_gm.graph.find_nodes(op="placeholder"))}
+    input_args = tuple(inputs.get(arg) if isinstance(arg, fx.Node) else None for arg in call.args)
+    return SplitItem(name, index, bool(ops), piece, ops, fresh, input_args)
 
 
 def _fresh_arg_indices(

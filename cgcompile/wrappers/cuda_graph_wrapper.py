@@ -46,14 +46,9 @@ class GraphEntry:
     capture_seconds: float
     verified: bool = False
     """Set once the first replay after capture found the inputs where the graph reads them."""
-    addresses: tuple[tuple[int, int], ...] = dataclasses.field(init=False)
-    """(arg position, data_ptr) of the non-empty args in `input_layout`: what every replay in
-    manual mode checks (an empty tensor has no data to read, so it may move freely)."""
-
-    def __post_init__(self) -> None:
-        self.addresses = tuple(
-            (i, ptr) for i, (ptr, shape) in self.input_layout.items() if shape.numel() > 0
-        )
+    addresses: tuple[tuple[int, int], ...] = ()
+    """(arg position, data_ptr) that every replay in manual mode checks: the non-empty args of
+    `input_layout` (an empty tensor has no data to read) but the wrapper's fixed args."""
 
 
 class CUDAGraphWrapper:
@@ -79,9 +74,9 @@ class CUDAGraphWrapper:
     5. known key: on its first replay `_verify` that inputs sit where the graph reads them
        (addresses and shapes; raising `CaptureError` otherwise); then, inline on later calls:
        in manual mode (a context without `shape_key`) check each non-copied tensor arg's
-       address again, copy args into static buffers, replay, return the graph's output objects
-       (overwritten by the next replay). Automatic dispatch feeds static buffers and checks
-       the module instance itself, so its replays skip the address check.
+       address again (but `fixed_arg_indices`), copy args into static buffers, replay, return
+       the graph's output objects (overwritten by the next replay). Automatic dispatch feeds
+       static buffers and checks the module instance itself, so its replays skip the check.
     """
 
     def __init__(
@@ -93,6 +88,7 @@ class CUDAGraphWrapper:
         name: str = "graph",
         num_warmups: int = 1,
         copy_arg_indices: Sequence[int] = (),
+        fixed_arg_indices: Sequence[int] = (),
         weak_output: bool = False,
     ) -> None:
         if runtime_mode not in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
@@ -108,6 +104,9 @@ class CUDAGraphWrapper:
         self.name = name
         self.num_warmups = num_warmups
         self.copy_arg_indices = tuple(sorted(set(copy_arg_indices)))
+        self.fixed_arg_indices = frozenset(fixed_arg_indices)
+        """Args whose addresses the caller guarantees (a module's parameters and buffers,
+        whose instance the backend checks by identity): checked on the first replay only."""
         self.weak_output = weak_output
         self.entries: dict[GraphKey, GraphEntry] = {}
         self.failed_keys: dict[GraphKey, str] = {}
@@ -215,6 +214,11 @@ class CUDAGraphWrapper:
         counters.num_cudagraph_captured += 1
         self.capture_seconds += seconds
         entry = GraphEntry(key, graph, layout, tuple(static.items()), seconds)
+        entry.addresses = tuple(
+            (i, ptr)
+            for i, (ptr, shape) in layout.items()
+            if shape.numel() > 0 and i not in self.fixed_arg_indices
+        )
         self.entries[key] = entry
         self.warmup_calls.pop(key, None)
         logger.debug(

@@ -1,0 +1,67 @@
+"""Manual mode (the caller sets the forward context and owns persistent buffers): every replay
+checks that the inputs the graphs read in place have not moved; module instances are told
+apart by their parameters, so each replays graphs of its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import cgcompile
+from cgcompile import BatchDescriptor, CaptureError, CUDAGraphMode
+
+SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [4], "compiler": "eager"}
+GRAPH_MODES = [CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL]
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x).unsqueeze(1)
+        return torch.nn.functional.scaled_dot_product_attention(h, h, h).squeeze(1)
+
+
+def compile_model(model: nn.Module, mode: CUDAGraphMode) -> nn.Module:
+    options = {**SIM, "cudagraph_mode": mode.name}
+    return torch.compile(model, backend="cudagraph_modes", options=options)
+
+
+def manual(mode: CUDAGraphMode):
+    return cgcompile.set_forward_context(mode, BatchDescriptor(4))
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES, ids=str)
+def test_an_input_that_moves_after_the_first_replay_raises(mode):
+    model = Block()
+    compiled = compile_model(model, mode)
+    buffer = torch.randn(16, 8)  # persistent: every call passes a new view of its first rows
+
+    def rows(source: torch.Tensor) -> torch.Tensor:
+        view = source[:4]
+        cgcompile.mark_dynamic_batch(view)
+        return view
+
+    with torch.no_grad(), manual(mode):
+        for _ in range(4):  # compile and warm up, capture, first replay, later replays
+            buffer.normal_()
+            torch.testing.assert_close(compiled(rows(buffer)), model(rows(buffer)))
+        with pytest.raises(CaptureError, match="stale memory"):
+            compiled(rows(torch.randn(16, 8)))
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES, ids=str)
+def test_each_module_instance_replays_its_own_graphs(mode):
+    torch.manual_seed(0)
+    models = [Block(), Block()]
+    compiled = [compile_model(m, mode) for m in models]
+    buffer = torch.randn(4, 8)
+    cgcompile.mark_dynamic_batch(buffer)
+    with torch.no_grad(), manual(mode):
+        for _ in range(4):
+            buffer.normal_()
+            for c, m in zip(compiled, models, strict=True):
+                torch.testing.assert_close(c(buffer), m(buffer))
