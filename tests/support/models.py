@@ -81,3 +81,15 @@ class CacheStep(nn.Module):
         self.cache.index_copy_(0, slot, k)
         live = self.cache[None, : self.SLOTS]
         return torch.nn.functional.scaled_dot_product_attention(k[None], live, live)[0]
+
+
+class Block(nn.Module):
+    """A linear layer, then SDPA with each row its own sequence: rows stay independent."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.lin = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x).unsqueeze(1)
+        return torch.nn.functional.scaled_dot_product_attention(h, h, h).squeeze(1)

@@ -16,19 +16,10 @@ from torch import nn
 import cgcompile
 from cgcompile.backend.instances import MAX_INSTANCES
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
+from tests.support.models import Block
 
 SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [1, 2, 4, 8], "compiler": "eager"}
 GRAPH_MODES = ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.lin(x).unsqueeze(1)
-        return torch.nn.functional.scaled_dot_product_attention(h, h, h).squeeze(1)
 
 
 def compile_model(model: nn.Module, mode: str) -> nn.Module:

@@ -10,19 +10,10 @@ from torch import nn
 
 import cgcompile
 from cgcompile import BatchDescriptor, CaptureError, CUDAGraphMode
+from tests.support.models import Block
 
 SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [4], "compiler": "eager"}
 GRAPH_MODES = [CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL]
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.lin(x).unsqueeze(1)
-        return torch.nn.functional.scaled_dot_product_attention(h, h, h).squeeze(1)
 
 
 def compile_model(model: nn.Module, mode: CUDAGraphMode) -> nn.Module:
