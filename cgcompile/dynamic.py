@@ -41,6 +41,8 @@ from cgcompile.options import MAX_CAPTURE_SIZE, as_bool, as_index, show
 
 _SHAPE_ID = "cgcompile_batch"
 PAD_ATTRIBUTE = "_cgcompile_pad_value"
+BATCH_DIM_ATTRIBUTE = "_cgcompile_batch_dim"
+"""The tensor attribute that records a `dim` other than 0; graph modes reject it."""
 """The tensor attribute `pad_value=` sets; the backend reads it from a graph's example inputs."""
 
 
@@ -54,7 +56,8 @@ def mark_dynamic_batch(
     """Mark `dim` of every tensor as the shared dynamic batch dim (call on each new input).
 
     `tensors`: the model's batch inputs (tokens, positions, ...), all with the same size along
-    `dim`. `dim`: the batch (token) dim, 0 by default; the backend treats dim 0 as the batch.
+    `dim`. `dim`: the batch (token) dim, 0 by default; graph modes pad and slice dim 0 only,
+    so they reject another dim when the graph compiles (`ConfigError`; mode NONE takes any).
     `unbacked`: one trace for every size, batch 1 included, at some kernel speed (see above);
     False: batches >= 2 share a trace and batch 1 gets its own. `hint`: the size Inductor tunes
     the dynamic graph's kernels for; pass your largest capture size. `pad_value`: what the
@@ -72,6 +75,10 @@ def mark_dynamic_batch(
     for t in tensors:
         if pad_value is not None:
             setattr(t, PAD_ATTRIBUTE, pad_value)
+        if dim != 0:
+            setattr(t, BATCH_DIM_ATTRIBUTE, dim)
+        elif hasattr(t, BATCH_DIM_ATTRIBUTE):
+            delattr(t, BATCH_DIM_ATTRIBUTE)
         if unbacked:
             mark_unbacked(t, dim, hint_override=hint, shape_id=_SHAPE_ID)
         else:

@@ -90,13 +90,14 @@ def _capture_key(
 
 
 def describe_key(key: tuple[BatchDescriptor, tuple[int, ...], int]) -> str:
-    """`24u24[24, 24]#1`: padded tokens, `u` and requests for uniform decode, the sizes when
-    more than one, `#k` for the k-th module instance after the first."""
+    """`24u24[24, 24]#1`: padded tokens, `u` and requests for uniform decode, the graph's int
+    inputs unless they are just the token count, `#k` for the k-th module instance after the
+    first."""
     desc, sizes, instance = key
     text = f"{desc.num_tokens}"
     if desc.uniform:
         text += f"u{desc.num_reqs}"
-    text += f"{list(sizes)}" if len(sizes) > 1 else ""
+    text += f"{list(sizes)}" if sizes and sizes != (desc.num_tokens,) else ""
     return text + (f"#{instance}" if instance else "")
 
 

@@ -43,6 +43,7 @@ from cgcompile.backend.instances import InstanceSlots
 from cgcompile.backend.ownership import ThreadOwner
 from cgcompile.backend.report import GraphReport
 from cgcompile.backend.static_inputs import StaticInputs
+from cgcompile.backend.variants import SizeVariants
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
@@ -99,6 +100,7 @@ class CompiledGraph:
         )
         self._fallbacks = FallbackLog(report.graph_id, plan, dispatcher, self.owner)
         self._warn_padding = bool(plan.state_names()) and not plan.pad_values
+        self._variants = SizeVariants([i for i in plan.int_args if i not in plan.size_indices])
         _live_graphs.add(self)
 
     @property
@@ -124,6 +126,8 @@ class CompiledGraph:
         mode, desc = self._dispatch(n)
         if mode == NONE:
             return self._run_eager(args, n)
+        if not self._variants.admits(args):
+            return self._run_eager(args, n, "variants")
         if desc.num_tokens != n:
             if self.plan.pad_unsafe is not None:
                 return self._run_eager(args, n, "unpadded")

@@ -6,7 +6,8 @@ are only counted (`num_eager_fallbacks`). Kinds: `large` (above the largest capt
 `key` (no graph for this batch_hint), `shape` (batch tensors disagree), `unpadded` (padding
 could change the result), `padding` (a state-writing graph padded without a pad value),
 `moved` (an input written in place moved), `instances` (too many live module instances),
-`thread` (a call from a thread that does not own the graphs).
+`variants` (too many values of a non-batch int input), `thread` (a call from a thread that
+does not own the graphs).
 
     log = FallbackLog(graph_id, plan, dispatcher, owner)
     log.warn("large", n=1024)
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from cgcompile.backend.inputs import InputPlan
 from cgcompile.backend.instances import MAX_INSTANCES
 from cgcompile.backend.ownership import ThreadOwner
+from cgcompile.backend.variants import MAX_SIZE_VARIANTS
 from cgcompile.dispatcher import CudagraphDispatcher
 
 logger = logging.getLogger(__name__)
@@ -98,6 +100,16 @@ def _instances(log: FallbackLog, n: int | None) -> str:
     )
 
 
+def _variants(log: FallbackLog, n: int | None) -> str:
+    plan = log.plan
+    names = [plan.names[i] for i in plan.int_args if i not in plan.size_indices]
+    return (
+        f"its int inputs {names} took more than {MAX_SIZE_VARIANTS} distinct values, and each "
+        f"value needs graphs of its own; further values run without graphs. Pass a value that "
+        f"changes every call (a position, a step) as a tensor, so it is data, not a shape"
+    )
+
+
 def _thread(log: FallbackLog, n: int | None) -> str:
     return (
         f"a call from a thread other than {log.owner.name!r}, which owns this graph's CUDA "
@@ -111,6 +123,7 @@ _MESSAGES: dict[str, Callable[[FallbackLog, int | None], str]] = {
     "unpadded": _unpadded,
     "instances": _instances,
     "thread": _thread,
+    "variants": _variants,
     "shape": lambda log, n: "the batch tensors disagree on dim 0, or there are none",
     "large": lambda log, n: (
         f"{n} tokens exceed the largest capture size {log.dispatcher.max_capture_size}"

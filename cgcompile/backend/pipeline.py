@@ -41,6 +41,7 @@ from cgcompile.backend.report import GraphReport, PieceInfo
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
+from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE
 from cgcompile.errors import ConfigError
 from cgcompile.passes.mutation import find_mutated_inputs
 from cgcompile.passes.op_match import OpMatcher, unknown_op_names
@@ -81,6 +82,8 @@ def compile_graph(
         uniform_decode_query_len=config.uniform_decode_query_len,
         capture_sizes=_capture_sizes(config, plan),
     )
+    if resolution.mode != CUDAGraphMode.NONE:
+        _check_batch_dims(example_inputs, plan, resolution.mode)
     # Only piecewise graphs need the split; otherwise Inductor sees (and fuses) the whole graph.
     needs_split = resolution.mode.requires_piecewise_compilation()
     split = split_graph(gm, matcher if needs_split else OpMatcher(()))
@@ -119,6 +122,19 @@ def compile_graph(
         functools.partial(shapes_only, split),
         traced=gm.forward,
     )
+
+
+def _check_batch_dims(example_inputs: Sequence[Any], plan: InputPlan, mode: CUDAGraphMode) -> None:
+    """Graph modes pad and slice dim 0: a batch marked in another dim is refused clearly."""
+    for i, value in enumerate(example_inputs):
+        dim = getattr(value, BATCH_DIM_ATTRIBUTE, 0)
+        if dim != 0:
+            raise ConfigError(
+                f"mark_dynamic_batch(dim={dim}) marked dim {dim} of {plan.names[i]} as the "
+                f"batch, but cudagraph_mode={mode} pads and slices the batch in dim 0 only; "
+                f"move the batch to dim 0 (e.g. x.transpose(0, {dim})) and mark dim 0, or use "
+                f"cudagraph_mode='NONE'"
+            )
 
 
 def _unsplit(

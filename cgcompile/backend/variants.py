@@ -1,0 +1,39 @@
+"""A bounded number of graphs for the int inputs that are not the batch size.
+
+Dynamo turns an int argument that changes between calls into a symbolic size (a sequence
+length, or a Llama-style `start_pos`), and every distinct value is a graph key of its own. The
+batch size is bounded by the capture sizes; these are not. `SizeVariants` admits the first
+`MAX_SIZE_VARIANTS` distinct tuples of such values to graphs; calls with further values run
+without graphs (the backend warns once, naming the inputs).
+
+    variants = SizeVariants(positions=(5,))     # e.g. L['start_pos']
+    variants.admits(args)                       # False from the 9th distinct value on
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+MAX_SIZE_VARIANTS = 8
+"""Distinct values of a graph's non-batch int inputs that get graphs."""
+
+
+class SizeVariants:
+    """The tuples of non-batch int inputs that have (or may get) graphs."""
+
+    def __init__(self, positions: Sequence[int]) -> None:
+        self.positions = tuple(positions)
+        self._seen: set[tuple[int, ...]] = set()
+
+    def admits(self, args: Sequence[Any]) -> bool:
+        """Whether this call's values have graphs, or may get them (adding them if so)."""
+        if not self.positions:
+            return True
+        variant = tuple([args[i] for i in self.positions])
+        if variant in self._seen:
+            return True
+        if len(self._seen) >= MAX_SIZE_VARIANTS:
+            return False
+        self._seen.add(variant)
+        return True
