@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 import cgcompile
-from cgcompile import BatchDescriptor, CaptureError, CUDAGraphMode
+from cgcompile import BatchDescriptor, CUDAGraphMode
 from tests.support.models import Block
+from tests.support.semantics import check_moved_input_raises
 
 SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [4], "compiler": "eager"}
 GRAPH_MODES = [CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL]
@@ -27,21 +28,7 @@ def manual(mode: CUDAGraphMode):
 
 @pytest.mark.parametrize("mode", GRAPH_MODES, ids=str)
 def test_an_input_that_moves_after_the_first_replay_raises(mode):
-    model = Block()
-    compiled = compile_model(model, mode)
-    buffer = torch.randn(16, 8)  # persistent: every call passes a new view of its first rows
-
-    def rows(source: torch.Tensor) -> torch.Tensor:
-        view = source[:4]
-        cgcompile.mark_dynamic_batch(view)
-        return view
-
-    with torch.no_grad(), manual(mode):
-        for _ in range(4):  # compile and warm up, capture, first replay, later replays
-            buffer.normal_()
-            torch.testing.assert_close(compiled(rows(buffer)), model(rows(buffer)))
-        with pytest.raises(CaptureError, match="stale memory"):
-            compiled(rows(torch.randn(16, 8)))
+    check_moved_input_raises(mode.name)
 
 
 @pytest.mark.parametrize("mode", GRAPH_MODES, ids=str)

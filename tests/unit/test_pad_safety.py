@@ -4,6 +4,7 @@ LLM-style ones included, keep padding."""
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -12,66 +13,30 @@ import torch
 import cgcompile
 from cgcompile.backend.inputs import InputPlan
 from cgcompile.passes.pad_safety import check_pad_safety
-from examples.llama import Llama, LlamaConfig, make_inputs
+from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
 from tests.support.models import CacheStep, silly_model
-
-SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [1, 2, 4, 8], "compiler": "eager"}
-GRAPH_MODES = ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"]
-SIZES = [4, 3, 3, 5, 8, 6]  # exact, padded (3 -> 4, 5 -> 8, 6 -> 8), repeated
-
-
-def row_attention(h: torch.Tensor) -> torch.Tensor:
-    """SDPA with each row its own sequence: rows stay independent."""
-    q = h.unsqueeze(1)
-    return torch.nn.functional.scaled_dot_product_attention(q, q.sin(), q.cos()).squeeze(1)
-
-
-def y_of(x: torch.Tensor) -> torch.Tensor:
-    return row_attention(x * 2)
-
-
-UNSAFE = {
-    "transposed": (lambda x: y_of(x).t(), "output 0 has shape (8, s"),
-    "flattened": (lambda x: y_of(x).reshape(-1), "output 0 has shape (8*s"),
-    "cat": (lambda x: torch.cat([y_of(x), x]), "aten.cat"),
-    "sum0": (lambda x: y_of(x).sum(0), "y_of(x).sum(0)"),
-    "mean": (lambda x: y_of(x).mean(), "aten.mean"),
-    "last_row": (lambda x: y_of(x)[-1], "counted from the end"),
-    "batch_size": (lambda x: (y_of(x), x.shape[0]), "output 1 is"),
-}
-
-
-def compile_fn(fn, mode):
-    return torch.compile(fn, backend="cudagraph_modes", options={**SIM, "cudagraph_mode": mode})
-
-
-def assert_same(got, want):
-    if isinstance(want, tuple):
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            assert_same(g, w)
-    elif isinstance(want, torch.Tensor):
-        torch.testing.assert_close(got, want)
-    else:
-        assert got == want and type(got) is type(want)
+from tests.support.semantics import (
+    GRAPH_MODES,
+    ROW_WISE,
+    SIZES,
+    UNSAFE,
+    check_against_eager,
+    compile_model,
+)
 
 
 @pytest.mark.parametrize("mode", GRAPH_MODES)
 @pytest.mark.parametrize("case", UNSAFE, ids=str)
 def test_outputs_padding_could_change_equal_eager(case, mode, caplog):
     fn, names = UNSAFE[case]
-    compiled = compile_fn(fn, mode)
-    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
-        for n in SIZES:
-            x = torch.randn(n, 8)
-            cgcompile.mark_dynamic_batch(x)
-            assert_same(compiled(x), fn(x))
+    with caplog.at_level(logging.WARNING, logger="cgcompile"):
+        check_against_eager(compile_model(fn, mode), fn)
     warnings = [m for m in caplog.messages if "not padded" in m]
     assert len(warnings) == 1 and names in warnings[0], caplog.messages
 
 
 def test_unsafe_graph_uses_graphs_at_capture_sizes_only():
-    compiled = compile_fn(UNSAFE["sum0"][0], "FULL_AND_PIECEWISE")
+    compiled = compile_model(UNSAFE["sum0"][0], "FULL_AND_PIECEWISE")
     with torch.no_grad():
         for calls, n in enumerate((4, 4, 3, 5)):  # 4: warm-up, then capture; 3 and 5 would pad
             x = torch.randn(n, 8)
@@ -85,53 +50,32 @@ def test_unsafe_graph_uses_graphs_at_capture_sizes_only():
     assert "padding off: `" in report
 
 
-def heads_view(x: torch.Tensor) -> torch.Tensor:
-    n = x.shape[0]
-    h = x.view(n, 2, 4).softmax(-1).reshape(n, 8)
-    return row_attention(h) + x.flatten().view(n, 8)
-
-
-def causal_self_attention(x: torch.Tensor) -> torch.Tensor:
-    q = x[None, None]
-    return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)[0, 0]
-
-
-def first_row_into_state(x: torch.Tensor) -> torch.Tensor:
-    y = row_attention(x)
-    return y + y[0]
-
-
-@pytest.mark.parametrize(
-    "fn", [row_attention, heads_view, causal_self_attention, first_row_into_state], ids=str
-)
+@pytest.mark.parametrize("fn", ROW_WISE, ids=lambda fn: fn.__name__)
 @pytest.mark.parametrize("mode", GRAPH_MODES)
 def test_row_wise_graphs_keep_padding(fn, mode):
-    compiled = compile_fn(fn, mode)
-    with torch.no_grad(), cgcompile.counters.expect(num_eager_fallbacks=0):
-        for n in SIZES:
-            x = torch.randn(n, 8)
-            cgcompile.mark_dynamic_batch(x)
-            torch.testing.assert_close(compiled(x), fn(x))
+    with cgcompile.counters.expect(num_eager_fallbacks=0):
+        check_against_eager(compile_model(fn, mode), fn)
     assert cgcompile.compiled_graphs()[-1].plan.pad_unsafe is None
 
 
 @pytest.mark.parametrize("mode", GRAPH_MODES)
 def test_llm_graphs_keep_padding(mode):
     llama = Llama(LlamaConfig.tiny()).eval()
-    compiled_llama = torch.compile(
-        llama, backend="cudagraph_modes", options={**SIM, "cudagraph_mode": mode}
-    )
+    eager_llama = copy.deepcopy(llama)
+    compiled_llama = compile_model(llama, mode)
     step = CacheStep()
-    compiled_step = compile_fn(step, mode)
+    eager_step = copy.deepcopy(step)
+    compiled_step = compile_model(step, mode)
     with torch.no_grad(), cgcompile.counters.expect(num_eager_fallbacks=0):
         for n in SIZES:
             tokens, positions = make_inputs(llama.cfg, n, "cpu")
-            cgcompile.mark_dynamic_batch(tokens, positions)
-            compiled_llama(tokens, positions)
+            mark_batch(llama.cfg, tokens, positions)  # padded rows write the trash slot
+            got = compiled_llama(tokens, positions)
+            torch.testing.assert_close(got, eager_llama(tokens, positions), rtol=1e-4, atol=1e-4)
             x, slot = torch.randn(n, 8), torch.arange(n)
             cgcompile.mark_dynamic_batch(x, slot)
             cgcompile.mark_dynamic_batch(slot, pad_value=CacheStep.SLOTS)
-            compiled_step(x, slot)
+            torch.testing.assert_close(compiled_step(x, slot), eager_step(x, slot))
     assert all(g.plan.pad_unsafe is None for g in cgcompile.compiled_graphs())
 
 

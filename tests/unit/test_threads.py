@@ -5,7 +5,6 @@ real threads all give eager's results; when the owner thread ends, the next call
 from __future__ import annotations
 
 import logging
-import random
 import threading
 
 import pytest
@@ -13,19 +12,11 @@ import torch
 
 import cgcompile
 from tests.support.models import MODES
-
-SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [1, 2, 4, 8], "compiler": "eager"}
-
-
-def row_attention(h: torch.Tensor) -> torch.Tensor:
-    q = h.unsqueeze(1)
-    return torch.nn.functional.scaled_dot_product_attention(q, q.sin(), q.cos()).squeeze(1) * 2
+from tests.support.semantics import check_threads_match_eager, compile_model, row_attention
 
 
-def compile_fn(mode: str):
-    return torch.compile(
-        row_attention, backend="cudagraph_modes", options={**SIM, "cudagraph_mode": mode}
-    )
+def compile_rows(mode: str):
+    return compile_model(row_attention, mode)
 
 
 def call(f, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,29 +36,14 @@ def run_threads(target, count: int) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_concurrent_calls_from_threads_equal_eager(mode, caplog):
-    f = compile_fn(mode)
-    call(f, 4)  # compiled, and owned, by this thread
-    wrong: list[int] = []
-
-    def work(seed: int) -> None:
-        rng = random.Random(seed)
-        for _ in range(40):
-            got, want = call(f, rng.choice([2, 3, 4, 5, 8]))
-            if not torch.allclose(got, want, atol=1e-5):
-                wrong.append(seed)
-
     with caplog.at_level(logging.WARNING, logger="cgcompile"):
-        run_threads(work, 4)
-        for _ in range(20):  # the owner keeps replaying its graphs meanwhile
-            got, want = call(f, 3)
-            torch.testing.assert_close(got, want)
-    assert wrong == []
+        check_threads_match_eager(mode)
     if mode != "NONE":
         assert sum("a call from a thread other than" in m for m in caplog.messages) == 1
 
 
 def test_owner_thread_replays_while_others_run_eagerly():
-    f = compile_fn("FULL")
+    f = compile_rows("FULL")
     for _ in range(3):
         call(f, 4)  # warm-up, capture, replay
     before = cgcompile.counters.snapshot()
@@ -78,7 +54,7 @@ def test_owner_thread_replays_while_others_run_eagerly():
 
 
 def test_next_caller_owns_the_graphs_once_the_owner_ended():
-    f = compile_fn("FULL")
+    f = compile_rows("FULL")
     run_threads(lambda i: call(f, 4), 1)  # a thread that ends
     with cgcompile.counters.expect(num_cudagraph_captured=1, num_eager_fallbacks=0):
         for _ in range(3):
@@ -87,7 +63,7 @@ def test_next_caller_owns_the_graphs_once_the_owner_ended():
 
 
 def test_capture_all_skips_graphs_another_live_thread_owns(caplog):
-    f = compile_fn("FULL")
+    f = compile_rows("FULL")
     call(f, 4)
     results: list[int] = []
     with caplog.at_level(logging.WARNING, logger="cgcompile"):
