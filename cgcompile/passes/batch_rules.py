@@ -163,7 +163,8 @@ def _layer_norm(batch: BatchDims, bound: dict[str, Any], outputs: list[torch.Ten
 
 def _batch_norm(batch: BatchDims, bound: dict[str, Any], outputs: list[torch.Tensor]) -> str | None:
     t = bound["input"]
-    if bound.get("training") and any(d != 1 for d, _ in batch.dims(t)):
+    training = bound.get("training", "training" not in bound)  # _batch_norm_with_update
+    if training and any(d != 1 for d, _ in batch.dims(t)):
         return "takes batch statistics over the batch dim (training-mode batch norm)"
     return generic(batch, [t], outputs)
 

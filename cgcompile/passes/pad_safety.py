@@ -144,9 +144,14 @@ class _OpChecker(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not self.paused and self.reason is None:
-            why = check_op(func, args, kwargs, out, self.batch, self.is_state)
-            self.record(why, f"aten.{func.name().split('::')[-1]}")
+            self.record(self._check(func, args, kwargs, out), f"aten.{func.name().split('::')[-1]}")
         return out
+
+    def _check(self, func: Any, args: Any, kwargs: Any, out: Any) -> str | None:
+        try:
+            return check_op(func, args, kwargs, out, self.batch, self.is_state)
+        except Exception as exc:  # an overload the rules do not know: do not pad, say why
+            return f"could not be checked for padding ({type(exc).__name__}: {exc})"
 
     def record(self, why: str | None, op: str) -> None:
         if why is not None and self.reason is None:

@@ -10,7 +10,8 @@ Capture steps (`CUDAGraphRuntime.capture`):
 2. make the side stream wait on the current stream (the default stream cannot capture);
 3. disable the garbage collector: a collection mid-capture can free something the graph uses
    (e.g. a Triton kernel's module) and invalidate the graph;
-4. on the side stream: `capture_begin(pool)`, run fn, weak-alias the outputs if asked,
+4. on the side stream: `capture_begin(pool)` (thread-local capture mode: other threads may
+   run CUDA work meanwhile), run fn, weak-alias the outputs if asked,
    `capture_end`; any failure ends the capture and is raised as `CaptureError`;
 5. make the current stream wait on the side stream, restore the collector, add the growth of
    reserved memory to `memory_bytes()`.
@@ -115,7 +116,9 @@ class CUDAGraphRuntime:
         torch.cuda.synchronize(self.device)
         self.stream.wait_stream(current)
         with torch.cuda.stream(self.stream):
-            graph.capture_begin(pool=self.pool)
+            # thread_local: CUDA calls of other threads (the eager calls of threads that do not
+            # own the graphs) neither fail nor invalidate this capture
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
             try:
                 output = fn(*args)
                 if weak_output:
