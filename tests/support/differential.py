@@ -27,8 +27,10 @@ def check_llama_matches_eager(
     calls: int = 10,
     unbacked: bool = True,
     hint: int | None = None,
+    extra_options: dict | None = None,
 ) -> None:
-    """Assert max|compiled - eager| / max|eager| <= tol on every call, and the trace count."""
+    """Assert max|compiled - eager| / max|eager| <= tol on every call, and the trace count;
+    `extra_options` add to (or override) the backend options below."""
     torch.manual_seed(0)
     model = Llama(LlamaConfig.tiny()).to(device, dtype).eval()
     options = {
@@ -36,6 +38,7 @@ def check_llama_matches_eager(
         "cudagraph_mode": mode,
         "compiler": compiler,
         "cudagraph_capture_sizes": [1, 2, 4, 8],
+        **(extra_options or {}),
     }
     f = torch.compile(model, backend="cudagraph_modes", options=options)
     rng = random.Random(f"{mode}-{compiler}-{dtype}")

@@ -286,14 +286,6 @@ def test_report_lists_captured_keys():
     assert "captured FULL: 1 graphs" in report.format()
 
 
-def test_inductor_graph_partition_is_rejected_clearly():
-    f = torch.compile(
-        lambda x: x + 1, backend="cudagraph_modes", options={"use_inductor_graph_partition": True}
-    )
-    with pytest.raises(Exception, match="use_inductor_graph_partition=True is not supported yet"):
-        f(torch.ones(2))
-
-
 def test_graph_shared_by_layers_after_graph_break_stays_correct(caplog):
     """Identical layers split into frames by a graph break share one compiled graph; graphs
     captured with layer 0's weights must never replay for layer 1."""
