@@ -144,8 +144,10 @@ class CompilationConfig:
     """Extra batch sizes to compile pieces for with concrete shapes."""
     compiler: Literal["inductor", "eager"] = "inductor"
     """How each piece is compiled."""
-    use_inductor_graph_partition: bool = False
-    """Let Inductor partition the whole graph at the splitting ops instead of an FX split."""
+    use_inductor_graph_partition: bool | None = False
+    """Let Inductor compile the whole graph and partition it at the splitting ops instead of
+    the FX split (torch >= 2.9.1, CUDA, compiler 'inductor'). True: where it cannot, the FX
+    split is used with a WARNING; None: where available, falling back quietly (INFO)."""
     num_warmups: int = 1
     """Eager runs before each capture (allocator, autotuning, lazy init)."""
     graph_runtime: Literal["auto", "cuda", "simulated"] = "auto"
@@ -190,10 +192,11 @@ class CompilationConfig:
             _check_int("max_num_reqs", self.max_num_reqs, 1)
         _check_choice("compiler", self.compiler, ("inductor", "eager"))
         _check_choice("graph_runtime", self.graph_runtime, ("auto", "cuda", "simulated"))
-        if type(self.use_inductor_graph_partition) is not bool:
+        partition = self.use_inductor_graph_partition
+        if partition is not None and type(partition) is not bool:
             raise ConfigError(
-                f"use_inductor_graph_partition must be True or False, got "
-                f"{self.use_inductor_graph_partition!r}"
+                f"use_inductor_graph_partition must be True, False or None (where available), "
+                f"got {self.use_inductor_graph_partition!r}"
             )
         for op in self.splitting_ops or ():
             if isinstance(op, str) and not _OP_NAME.match(op):

@@ -102,7 +102,8 @@ def _build(request: BuildRequest, graph_id: int) -> Built:
     """Inductor's partition where asked for and possible, else the FX split (logged why)."""
     fallback = None
     wasted = 0
-    if request.config.use_inductor_graph_partition:
+    asked = request.config.use_inductor_graph_partition
+    if asked is not False:  # True, or None: where available
         fallback = unavailable_reason(request)
         if fallback is None:
             result = compile_partitioned(request)
@@ -111,21 +112,20 @@ def _build(request: BuildRequest, graph_id: int) -> Built:
             wasted = result.num_compilations
             cause = "every node was a partition boundary, or the graph has no kernels"
             fallback = Fallback(FallbackRule.NO_PARTITION_FORMED, cause)
-        _log_fallback(graph_id, fallback)
+        _log_fallback(graph_id, fallback, loud=asked is True)
     built = build_split(request)
     built.counts["num_backend_compilations"] += wasted
     built.partition_fallback = None if fallback is None else str(fallback)
     return built
 
 
-def _log_fallback(graph_id: int, fallback: Fallback) -> None:
-    # no piecewise graphs: the two paths compile the same whole graph, so nothing is lost
-    log = logger.info if fallback.rule is FallbackRule.NO_PIECEWISE_GRAPHS else logger.warning
-    log(
-        "graph %d: use_inductor_graph_partition=True, but the FX split is used: %s",
-        graph_id,
-        fallback,
-    )
+def _log_fallback(graph_id: int, fallback: Fallback, loud: bool) -> None:
+    # Without piecewise graphs both paths compile the same whole graph: nothing is lost.
+    if loud and fallback.rule is not FallbackRule.NO_PIECEWISE_GRAPHS:
+        log = logger.warning
+    else:
+        log = logger.info
+    log("graph %d: Inductor graph partition not used, the FX split is: %s", graph_id, fallback)
 
 
 def _partition_built(result: PartitionedCompile) -> Built:

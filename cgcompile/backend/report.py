@@ -41,7 +41,7 @@ class GraphReport:
     num_partitions: int = 0
     """Partitions Inductor formed and cgcompile wrapped (Inductor partition path only)."""
     partition_fallback: str | None = None
-    """Why `use_inductor_graph_partition=True` did not give the Inductor partition path."""
+    """Why `use_inductor_graph_partition` (True or None) did not give the partition path."""
     num_eager_fallbacks: int = 0
     captured: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     """Graph keys captured so far, per runtime mode."""
@@ -70,7 +70,9 @@ class GraphReport:
 
     def _format_path(self) -> str:
         if self.num_partitions:
-            return f"{self.compile_path}: {self.num_partitions} partitions from one compile"
+            return (
+                f"{self.compile_path}: {self.num_partitions} partitions of one whole-graph compile"
+            )
         n_cap = sum(p.capturable for p in self.pieces)
         shared = sum(p.shares_compile_with is not None for p in self.pieces)
         return (

@@ -85,7 +85,7 @@ def test_n_splitting_ops_give_n_plus_1_wrapped_partitions(emulated_gpu, n):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     report = newest_graph().report
     assert (report.compile_path, report.num_partitions) == ("Inductor partition", n + 1)
-    assert f"{n + 1} partitions from one compile" in report.format()
+    assert f"{n + 1} partitions of one whole-graph compile" in report.format()
 
 
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL_AND_PIECEWISE"])
@@ -220,7 +220,7 @@ def check_falls_back(caplog, rule: str, *, warns: bool = True, **options) -> Non
     assert report.compile_path == "FX split" and report.num_partitions == 0
     assert report.partition_fallback.startswith(rule)
     assert f"partition not used: {rule}" in report.format()
-    records = [r for r in caplog.records if "the FX split is used" in r.getMessage()]
+    records = [r for r in caplog.records if "partition not used" in r.getMessage()]
     assert [r.levelno for r in records] == [logging.WARNING if warns else logging.INFO]
     assert rule in records[0].getMessage()
 
@@ -228,6 +228,36 @@ def check_falls_back(caplog, rule: str, *, warns: bool = True, **options) -> Non
 def test_stock_cpu_falls_back_to_the_fx_split(caplog):
     check_falls_back(caplog, "NOT_ON_GPU", cudagraph_mode="PIECEWISE")
     assert "inputs are on cpu" in newest_graph().report.partition_fallback
+
+
+def test_where_available_falls_back_quietly(caplog):
+    check_falls_back(
+        caplog,
+        "NOT_ON_GPU",
+        warns=False,
+        cudagraph_mode="PIECEWISE",
+        use_inductor_graph_partition=None,
+    )
+
+
+def test_where_available_uses_the_partition(emulated_gpu):
+    f = compile_fn(
+        silly_model,
+        cudagraph_mode="FULL_AND_PIECEWISE",
+        cudagraph_capture_sizes=[4],
+        use_inductor_graph_partition=None,
+    )
+    with counters.expect(num_inductor_partitions=3):
+        x = dyn(torch.randn(4))
+        torch.testing.assert_close(f(x), silly_model(x))
+
+
+def test_false_never_tries_the_partition(emulated_gpu):
+    f = compile_fn(silly_model, cudagraph_mode="PIECEWISE", use_inductor_graph_partition=False)
+    x = dyn(torch.randn(4))
+    torch.testing.assert_close(f(x), silly_model(x))
+    report = newest_graph().report
+    assert (report.compile_path, report.partition_fallback) == ("FX split", None)
 
 
 def test_eager_compiler_falls_back_to_the_fx_split(emulated_gpu, caplog):
