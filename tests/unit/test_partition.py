@@ -107,16 +107,36 @@ def test_outputs_match_eager_across_batch_sizes(emulated_gpu, make_model, mode):
     assert counters.num_capture_failures == 0
 
 
+@pytest.mark.parametrize("batch", ["unbacked", "backed-hint"])
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL_AND_PIECEWISE"])
-def test_llama_matches_eager(emulated_gpu, mode):
+def test_llama_matches_eager(emulated_gpu, mode, batch):
+    last = max((g.report.graph_id for g in cgcompile.compiled_graphs()), default=-1)
     check_llama_matches_eager(
         mode,
         "inductor",
         device="cpu",
         graph_runtime="simulated",
+        unbacked=batch == "unbacked",
+        hint=8 if batch == "backed-hint" else None,  # the largest capture size
         extra_options={"use_inductor_graph_partition": True},
     )
-    assert newest_graph().report.compile_path == "Inductor partition"
+    graphs = [g for g in cgcompile.compiled_graphs() if g.report.graph_id > last]
+    assert graphs and all(g.report.compile_path == "Inductor partition" for g in graphs)
+
+
+def test_capture_all_captures_every_key_of_every_partition(emulated_gpu):
+    f = compile_fn(
+        silly_model, cudagraph_mode="FULL_AND_PIECEWISE", cudagraph_capture_sizes=[1, 2, 4]
+    )
+    f(dyn(torch.randn(9)))  # above the largest size: runs eagerly, builds the adapters
+    # PIECEWISE 4, 2, 1 (3 partitions each) + FULL decode 4, 2, 1
+    assert cgcompile.capture_all(progress=False) == 3 * 3 + 3
+    with counters.expect(num_cudagraph_captured=0):
+        for n in (1, 2, 3, 4):
+            for uniform in (True, False):
+                x = dyn(torch.randn(n))
+                with cgcompile.batch_hint(uniform_decode=uniform):
+                    torch.testing.assert_close(f(x), silly_model(x))
 
 
 def test_cache_salt_wraps_after_a_cached_compile_without_wrapper(
