@@ -152,6 +152,9 @@ def partition_config_patches(op_names: Sequence[str]) -> dict[str, Any]:
         "triton.cudagraphs": False,  # our wrappers capture, not cudagraph trees
         "triton.cudagraph_skip_dynamic_graphs": False,  # else it cuts at every dynamic node
         "cpp_wrapper": False,  # Inductor's C++ wrapper does not support partitions
+        # With reuse, a partition may write its output into an input it frees; a second run
+        # on the same inputs (warm-up, then capture and replay) then reads clobbered data, and
+        # the simulated runtime cannot undo such writes (they bypass version counters).
         "allow_buffer_reuse": False,
         "inplace_buffers": False,
     }

@@ -110,7 +110,7 @@ def _build(request: BuildRequest, graph_id: int) -> Built:
             if result.num_partitions:
                 return _partition_built(result)
             wasted = result.num_compilations
-            cause = "every node was a partition boundary, or the graph has no kernels"
+            cause = "every node was a boundary (non-CUDA or cudagraph-unsafe ops) or no kernels"
             fallback = Fallback(FallbackRule.NO_PARTITION_FORMED, cause)
         _log_fallback(graph_id, fallback, loud=asked is True)
     built = build_split(request)

@@ -55,3 +55,15 @@ def check_llama_matches_eager(
     traces = 1 if unbacked else 2  # the sequence starts with 8 then 1
     assert cgcompile.counters.num_graphs_seen - before == traces
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == traces
+
+
+def check_every_batch_replays(f, reference, sizes=(1, 2, 3, 4)) -> None:
+    """Each size, as a uniform decode batch and as a mixed one, equals `reference` on the 1-D
+    silly models, running from graphs captured before (none is captured now)."""
+    with cgcompile.counters.expect(num_cudagraph_captured=0):
+        for n in sizes:
+            for uniform in (True, False):
+                x = torch.randn(n)
+                cgcompile.mark_dynamic_batch(x, unbacked=True)
+                with cgcompile.batch_hint(uniform_decode=uniform):
+                    torch.testing.assert_close(f(x), reference(x))

@@ -13,7 +13,7 @@ import torch
 import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
 from tests.support import silly
-from tests.support.differential import check_llama_matches_eager
+from tests.support.differential import check_every_batch_replays, check_llama_matches_eager
 from tests.support.models import MODES, SeqModel, dyn, fresh_model, silly_closed_form, silly_model
 
 SIM = {"graph_runtime": "simulated"}
@@ -425,12 +425,7 @@ def test_capture_all_captures_every_key_once(first, expected):
     f(dyn(torch.randn(first)))  # 3: PIECEWISE key 4 (3 pieces) captured; 9: above max, eager
     # all keys: PIECEWISE 4, 2, 1 (3 pieces each) + FULL decode 4, 2, 1
     assert cgcompile.capture_all(progress=False) == expected
-    with counters.expect(num_cudagraph_captured=0):
-        for n in (1, 2, 3, 4):
-            for uniform in (True, False):
-                x = dyn(torch.randn(n))
-                with cgcompile.batch_hint(uniform_decode=uniform):
-                    torch.testing.assert_close(f(x), silly_closed_form(x))
+    check_every_batch_replays(f, silly_closed_form)
 
 
 def test_capture_all_before_any_call_says_what_to_do():

@@ -21,7 +21,7 @@ import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
 from cgcompile.backend import partition
 from cgcompile.wrappers.partition_adapter import ArgLayout
-from tests.support.differential import check_llama_matches_eager
+from tests.support.differential import check_every_batch_replays, check_llama_matches_eager
 from tests.support.models import SeqModel, dyn, fresh_model, silly_model
 
 PARTITION = {"graph_runtime": "simulated", "use_inductor_graph_partition": True}
@@ -131,12 +131,7 @@ def test_capture_all_captures_every_key_of_every_partition(emulated_gpu):
     f(dyn(torch.randn(9)))  # above the largest size: runs eagerly, builds the adapters
     # PIECEWISE 4, 2, 1 (3 partitions each) + FULL decode 4, 2, 1
     assert cgcompile.capture_all(progress=False) == 3 * 3 + 3
-    with counters.expect(num_cudagraph_captured=0):
-        for n in (1, 2, 3, 4):
-            for uniform in (True, False):
-                x = dyn(torch.randn(n))
-                with cgcompile.batch_hint(uniform_decode=uniform):
-                    torch.testing.assert_close(f(x), silly_model(x))
+    check_every_batch_replays(f, silly_model)
 
 
 def test_cache_salt_wraps_after_a_cached_compile_without_wrapper(
