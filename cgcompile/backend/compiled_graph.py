@@ -67,9 +67,7 @@ class CompiledGraph:
         report: GraphReport,
         wrappers: list[CUDAGraphWrapper],
         runtime: GraphRuntime | None,
-        shapes_only: Callable[[], contextlib.AbstractContextManager[None]] = (
-            contextlib.nullcontext
-        ),
+        shapes_only: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     ) -> None:
         self.runnable = runnable
         self.dispatcher = dispatcher
@@ -78,7 +76,8 @@ class CompiledGraph:
         self.wrappers = wrappers
         self.runtime = runtime
         self._shapes_only = shapes_only
-        """Context in which the eager splitting ops compute shapes only (capture_all)."""
+        """Context in which the eager splitting ops compute shapes only (capture_all); None:
+        they run for real (inside Inductor's partitioned code)."""
         self.static_inputs = StaticInputs(plan, dispatcher.max_capture_size)
         self._warn_padding = bool(plan.state_names()) and not plan.pad_values
         self._in_place_ptrs: tuple[tuple[int, int], ...] | None = None
@@ -155,7 +154,18 @@ class CompiledGraph:
     def _capture_key(self, mode: CUDAGraphMode, desc: Any) -> None:
         args = self.static_inputs.at_size(self._example, desc.num_tokens)
         shape_key = tuple([args[i] for i in self.plan.int_args])
-        stand_ins = self._shapes_only() if mode == PIECEWISE else contextlib.nullcontext()
+        stand_ins = contextlib.nullcontext()
+        if mode == PIECEWISE and self._shapes_only is not None:
+            stand_ins = self._shapes_only()
+        elif mode == PIECEWISE and self.plan.mutated:
+            logger.info(
+                "graph %d: PIECEWISE key %s left to lazy capture: its splitting ops run inside "
+                "Inductor's partitioned code and the graph writes %s",
+                self._report.graph_id,
+                _describe_key((desc, shape_key)),
+                [self.plan.names[i] for i in self.plan.mutated],
+            )
+            return
         try:
             with set_forward_context(mode, desc, shape_key=shape_key, capture_only=True):
                 with stand_ins:

@@ -3,42 +3,49 @@
 1. find the attention ops in the graph and the lowest CUDA-graph support among them, and the
    inputs the graph writes in place (`passes.mutation`);
 2. resolve the requested mode against that support (`resolution`), logging every downgrade;
-3. split at the splitting ops (`passes.split`) if the mode has piecewise graphs; otherwise the
-   whole graph is one piece, so Inductor can fuse across attention;
-4. compile each capturable piece once, with the symbolic batch (`piece_compiler`);
-5. wrap each piece in a PIECEWISE `CUDAGraphWrapper` and the stitched graph in a FULL one,
-   as the resolved mode needs, all sharing one graph runtime (one memory pool);
-6. build the dispatcher's keys and return the runtime entry.
+3. choose the path: with `use_inductor_graph_partition` and a mode with piecewise graphs,
+   Inductor compiles the whole graph and partitions it (`partition`) where it can; otherwise,
+   or when it cannot (logged at WARNING with the reason), the FX split (`fx_split`) compiles
+   each piece; either way each piece or partition gets a PIECEWISE `CUDAGraphWrapper`;
+4. wrap the whole compiled graph in a FULL `CUDAGraphWrapper` if the mode has full graphs;
+   all wrappers share one graph runtime (one memory pool);
+5. build the dispatcher's keys and return the runtime entry.
 Counters are updated only once all steps succeeded: Dynamo may restart analysis mid-way.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import fx
 
 from cgcompile.attention import attention_ops, find_attention, is_split_at
+from cgcompile.backend.build import BuildRequest, Built
 from cgcompile.backend.compiled_graph import CompiledGraph
-from cgcompile.backend.dry_run import shapes_only
+from cgcompile.backend.fx_split import build_split
 from cgcompile.backend.inputs import InputPlan
-from cgcompile.backend.piece_compiler import PieceRunner, compile_pieces, count_compilations
-from cgcompile.backend.report import GraphReport, PieceInfo
+from cgcompile.backend.partition import (
+    Fallback,
+    FallbackRule,
+    PartitionedCompile,
+    compile_partitioned,
+    unavailable_reason,
+)
+from cgcompile.backend.report import INDUCTOR_PARTITION, GraphReport, PieceInfo
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import ConfigError
 from cgcompile.passes.mutation import find_mutated_inputs
 from cgcompile.passes.op_match import OpMatcher, unknown_op_names
-from cgcompile.passes.split import SplitResult, split_graph
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
 from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime, make_graph_runtime
+from cgcompile.wrappers.partition_adapter import WrapperFactory
 
 logger = logging.getLogger(__name__)
 _graph_ids = itertools.count()
@@ -49,13 +56,14 @@ def compile_graph(
 ) -> CompiledGraph:
     start = time.perf_counter()
     graph_id = next(_graph_ids)
-    matcher = OpMatcher(attention_ops() if config.splitting_ops is None else config.splitting_ops)
+    specs = attention_ops() if config.splitting_ops is None else config.splitting_ops
+    matcher = OpMatcher(specs)
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-    _warn_unknown_ops(graph_id, config, targets)
     attention = find_attention(targets)
     support = config.attention_cg_support
     if support is None:  # NEVER is 0: test for None, not truthiness
         support = min(attention.values(), default=AttentionCGSupport.ALWAYS)
+    _warn_unknown_ops(graph_id, config, targets)
     plan = InputPlan.from_graph(gm, example_inputs, find_mutated_inputs(gm, example_inputs))
     runtime_kind, device = _choose_runtime(config, example_inputs)
     resolution = resolve_cudagraph_mode(
@@ -67,16 +75,13 @@ def compile_graph(
         uniform_decode_query_len=config.uniform_decode_query_len,
         capture_sizes=_capture_sizes(config, plan),
     )
-    # Only piecewise graphs need the split; otherwise Inductor sees (and fuses) the whole graph.
-    needs_split = resolution.mode.requires_piecewise_compilation()
-    split = split_graph(gm, matcher if needs_split else OpMatcher(()))
-    runners = compile_pieces(
-        split, example_inputs, config.compiler, config.compile_sizes, plan.batch_exprs
-    )
     mode = resolution.mode
     runtime = make_graph_runtime(runtime_kind, device) if mode != CUDAGraphMode.NONE else None
-    wrappers = _install_pieces(split, runners, mode, runtime, config, graph_id)
-    runnable: Any = split.split_gm.forward  # skips nn.Module.__call__ on the hot path
+    wrappers: list[CUDAGraphWrapper] = []
+    make_wrapper = _piecewise_factory(runtime, config, graph_id, wrappers)
+    request = BuildRequest(gm, example_inputs, config, plan, mode, specs, make_wrapper)
+    built = _build(request, graph_id)
+    runnable = built.runnable
     if mode.has_full_cudagraphs():
         runnable = CUDAGraphWrapper(
             runnable,
@@ -89,13 +94,11 @@ def compile_graph(
         wrappers.insert(0, runnable)
     dispatcher = CudagraphDispatcher(config, resolution.capture_sizes)
     dispatcher.initialize_cudagraph_keys(mode, config.uniform_decode_query_len)
-    _count(split, runners)
-    report = _report(graph_id, config, resolution, attention, support, runtime_kind, split, runners)
+    _count(built.counts)
+    report = _report(graph_id, config, resolution, attention, support, runtime_kind, built)
     report.compile_seconds = time.perf_counter() - start
-    _log_resolution(graph_id, resolution, attention, split)
-    return CompiledGraph(
-        runnable, dispatcher, plan, report, wrappers, runtime, functools.partial(shapes_only, split)
-    )
+    _log_resolution(graph_id, resolution, attention, built)
+    return CompiledGraph(runnable, dispatcher, plan, report, wrappers, runtime, built.shapes_only)
 
 
 def _warn_unknown_ops(graph_id: int, config: CompilationConfig, targets: list[Any]) -> None:
@@ -108,6 +111,49 @@ def _warn_unknown_ops(graph_id: int, config: CompilationConfig, targets: list[An
             graph_id,
             unknown,
         )
+
+
+def _build(request: BuildRequest, graph_id: int) -> Built:
+    """Inductor's partition where asked for and possible, else the FX split (logged why)."""
+    fallback = None
+    wasted = 0
+    asked = request.config.use_inductor_graph_partition
+    if asked is not False:  # True, or None: where available
+        fallback = unavailable_reason(request)
+        if fallback is None:
+            result = compile_partitioned(request)
+            if result.num_partitions:
+                return _partition_built(result)
+            wasted = result.num_compilations
+            cause = "every node was a boundary (non-CUDA or cudagraph-unsafe ops) or no kernels"
+            fallback = Fallback(FallbackRule.NO_PARTITION_FORMED, cause)
+        _log_fallback(graph_id, fallback, loud=asked is True)
+    built = build_split(request)
+    built.counts["num_backend_compilations"] += wasted
+    built.partition_fallback = None if fallback is None else str(fallback)
+    return built
+
+
+def _log_fallback(graph_id: int, fallback: Fallback, loud: bool) -> None:
+    # Without piecewise graphs both paths compile the same whole graph: nothing is lost.
+    if loud and fallback.rule is not FallbackRule.NO_PIECEWISE_GRAPHS:
+        log = logger.warning
+    else:
+        log = logger.info
+    log("graph %d: Inductor graph partition not used, the FX split is: %s", graph_id, fallback)
+
+
+def _partition_built(result: PartitionedCompile) -> Built:
+    n = result.num_partitions
+    counts = {
+        "num_graphs_seen": 1,
+        "num_piecewise_graphs_seen": 1,  # Dynamo's graph, whole
+        "num_piecewise_capturable_graphs_seen": 1,
+        "num_backend_compilations": result.num_compilations,
+        "num_inductor_partitions": n,
+    }
+    pieces = [PieceInfo(f"partition_{i}", True, ()) for i in range(n)]
+    return Built(result.runnable, pieces, counts, INDUCTOR_PARTITION, n)
 
 
 def _choose_runtime(
@@ -141,43 +187,39 @@ def _capture_sizes(config: CompilationConfig, plan: InputPlan) -> tuple[int, ...
     return sizes
 
 
-def _install_pieces(
-    split: SplitResult,
-    runners: dict[str, PieceRunner],
-    mode: CUDAGraphMode,
+def _piecewise_factory(
     runtime: GraphRuntime | None,
     config: CompilationConfig,
     graph_id: int,
-) -> list[CUDAGraphWrapper]:
-    """Shadow each capturable submodule with its compiled runner, wrapped if PIECEWISE."""
-    wrappers = []
-    last = split.capturable[-1].name if split.capturable else None
-    for item in split.capturable:
-        runner = runners[item.name]
-        piece: Any = runner if runner.by_size else runner.general  # one call less per piece
-        if mode.has_piecewise_cudagraphs():
-            piece = CUDAGraphWrapper(
-                piece,
-                CUDAGraphMode.PIECEWISE,
-                runtime,
-                name=f"graph{graph_id}.{item.name}",
-                num_warmups=config.num_warmups,
-                copy_arg_indices=item.fresh_arg_indices,
-                weak_output=item.name == last,
-            )
-            wrappers.append(piece)
-        # An instance attribute wins over nn.Module's submodule lookup in forward().
-        split.split_gm.__dict__[item.name] = piece
-    for item in split.splitting:  # eager attention: skip nn.Module.__call__ per call
-        split.split_gm.__dict__[item.name] = item.graph.forward
-    return wrappers
+    made: list[CUDAGraphWrapper],
+) -> WrapperFactory:
+    """How both paths wrap a piece or partition PIECEWISE; each wrapper is kept for reports."""
+
+    def make(
+        runnable: Callable[..., Any],
+        *,
+        name: str,
+        copy_arg_indices: Sequence[int] = (),
+        weak_output: bool = False,
+    ) -> CUDAGraphWrapper:
+        wrapper = CUDAGraphWrapper(
+            runnable,
+            CUDAGraphMode.PIECEWISE,
+            runtime,
+            name=f"graph{graph_id}.{name}",
+            num_warmups=config.num_warmups,
+            copy_arg_indices=copy_arg_indices,
+            weak_output=weak_output,
+        )
+        made.append(wrapper)
+        return wrapper
+
+    return make
 
 
-def _count(split: SplitResult, runners: dict[str, PieceRunner]) -> None:
-    counters.num_graphs_seen += 1
-    counters.num_piecewise_graphs_seen += len(split.items)
-    counters.num_piecewise_capturable_graphs_seen += len(split.capturable)
-    counters.num_backend_compilations += count_compilations(runners)
+def _count(deltas: dict[str, int]) -> None:
+    for name, delta in deltas.items():
+        setattr(counters, name, getattr(counters, name) + delta)
 
 
 def _report(
@@ -187,18 +229,8 @@ def _report(
     attention: dict[str, AttentionCGSupport],
     support: AttentionCGSupport,
     runtime_kind: str | None,
-    split: SplitResult,
-    runners: dict[str, PieceRunner],
+    built: Built,
 ) -> GraphReport:
-    pieces = [
-        PieceInfo(
-            item.name,
-            not item.is_splitting,
-            item.ops,
-            None if item.is_splitting else runners[item.name].shares_compile_with,
-        )
-        for item in split.items
-    ]
     return GraphReport(
         graph_id=graph_id,
         requested_mode=str(resolution.requested),
@@ -208,22 +240,26 @@ def _report(
         attention_support=str(support),
         graph_runtime=runtime_kind if resolution.mode != CUDAGraphMode.NONE else None,
         compiler=config.compiler,
-        pieces=pieces,
+        pieces=built.pieces,
         capture_sizes=list(resolution.capture_sizes),
         compile_seconds=0.0,
+        compile_path=built.path,
+        num_partitions=built.num_partitions,
+        partition_fallback=built.partition_fallback,
     )
 
 
 def _log_resolution(
-    graph_id: int, resolution: Resolution, attention: dict[str, Any], split: SplitResult
+    graph_id: int, resolution: Resolution, attention: dict[str, Any], built: Built
 ) -> None:
     for reason in resolution.reasons:
         logger.warning("graph %d: cudagraph mode %s", graph_id, reason)
     logger.info(
-        "graph %d: mode %s, %d pieces (%d capturable), attention %s",
+        "graph %d: mode %s, %s, %d pieces (%d capturable), attention %s",
         graph_id,
         resolution.mode,
-        len(split.items),
-        len(split.capturable),
+        built.path,
+        len(built.pieces),
+        sum(p.capturable for p in built.pieces),
         attention or "none",
     )
