@@ -33,7 +33,7 @@ def test_silly_partitions_cuda():
         num_inductor_partitions=3,  # 2 attention calls
         num_cudagraph_captured=6,  # 2 sizes x 3 partitions
     ):
-        for n in (2, 1):
+        for n in (2, 2, 1, 1):  # each size's first call runs without graphs (num_warmups=1)
             x = dyn(torch.randn(n, device="cuda"))
             torch.testing.assert_close(f(x), silly_closed_form(x))
     assert newest_graph().report.compile_path == "Inductor partition"
@@ -46,7 +46,8 @@ def test_silly_partitions_cuda():
 def test_full_graph_of_the_partitioned_compile_runs_no_python():
     f = compile_fn(silly_model, cudagraph_mode="FULL_AND_PIECEWISE", cudagraph_capture_sizes=[4])
     with cgcompile.batch_hint(uniform_decode=True):
-        f(dyn(torch.randn(4, device="cuda")))  # compile, capture the FULL graph, replay
+        f(dyn(torch.randn(4, device="cuda")))  # compile; the first run without graphs
+        f(dyn(torch.randn(4, device="cuda")))  # capture the FULL graph, replay
         silly.CALLS["n"] = 0
         for _ in range(3):
             x = dyn(torch.randn(4, device="cuda"))
@@ -98,6 +99,7 @@ def test_new_unmanaged_input_raises_partition_cuda():
     f = compile_fn(silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4])
     first = dyn(torch.randn(4, device="cuda"))  # kept alive: its block is not reused
     with cgcompile.set_forward_context(CUDAGraphMode.PIECEWISE, cgcompile.BatchDescriptor(4)):
-        f(first)
+        f(first)  # compile; the first run without graphs
+        f(first)  # capture on this tensor's address
         with pytest.raises(CaptureError, match="address"):
             f(dyn(torch.randn(4, device="cuda")))
