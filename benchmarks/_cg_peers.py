@@ -75,25 +75,36 @@ class CGCompileRun:
 
 
 def run_cgcompile(
-    bench: Bench, mode: str, compiler: str, skip_module_guards: bool = False, hint: bool = False
+    bench: Bench,
+    mode: str,
+    compiler: str,
+    skip_module_guards: bool = False,
+    hint: bool = False,
+    partition: bool = False,
 ) -> Results:
     """One cgcompile peer; `skip_module_guards` passes torch's
     `guard_filter_fn=torch.compiler.skip_guard_on_all_nn_modules_unsafe` (Dynamo then checks
     sizes, inputs and global state per call, not the ~1800 guards on the module and its
     parameters), which shows how much of a step is Dynamo's guard check. `hint` marks the batch
-    with `hint=` the largest capture size, so Inductor tunes the dynamic graph for it."""
+    with `hint=` the largest capture size, so Inductor tunes the dynamic graph for it.
+    `partition` (with the hint) compiles through Inductor's graph partition instead of the FX
+    split: `cg/MODE/partition`."""
     options: dict[str, Any] = {
         "cudagraph_mode": mode,
         "compiler": compiler,
         "max_cudagraph_capture_size": bench.s.max_capture_size,
     }
     name = f"cg/{mode}/{compiler}"
+    if partition:
+        name, hint = f"cg/{mode}/partition", True
+        options["use_inductor_graph_partition"] = True
     if skip_module_guards:
         name += "/skip-module-guards"
         options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     described = {k: getattr(v, "__name__", v) for k, v in options.items()}
-    if hint:
+    if hint and not partition:
         name += "/hint"
+    if hint:
         described["mark_dynamic_batch(hint=)"] = bench.s.max_capture_size
     # torch.compile pops guard_filter_fn out of options
     run = CGCompileRun(bench, options, hint=bench.s.max_capture_size if hint else None)

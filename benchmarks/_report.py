@@ -15,6 +15,8 @@ FULL_AND_PIECEWISE = "cg/FULL_AND_PIECEWISE/inductor"
 CAPTURE_LIMIT_S = 15.0
 SKIP_GUARDS = "/skip-module-guards"
 HINT = "/hint"  # the batch marked with hint= the largest capture size
+F_AND_P_PARTITION = "cg/FULL_AND_PIECEWISE/partition"  # Inductor partition, with the hint
+PIECEWISE_PARTITION = "cg/PIECEWISE/partition"
 PAIRS = [  # (name, peer, base): the per-workload ratios the analysis reads
     ("FULL / hand_full_graph", FULL, "hand_full_graph"),
     ("FULL / reduce_overhead", FULL, "reduce_overhead"),
@@ -34,6 +36,8 @@ PAIRS = [  # (name, peer, base): the per-workload ratios the analysis reads
     ("FULL, batch hint / reduce_overhead", FULL + HINT, "reduce_overhead"),
     ("PIECEWISE, batch hint / hand_piecewise", PIECEWISE + HINT, "hand_piecewise"),
     ("FULL_AND_PIECEWISE, batch hint / FULL, batch hint", FULL_AND_PIECEWISE + HINT, FULL + HINT),
+    ("FULL_AND_PIECEWISE, partition / FULL, batch hint", F_AND_P_PARTITION, FULL + HINT),
+    ("PIECEWISE, partition / PIECEWISE, batch hint", PIECEWISE_PARTITION, PIECEWISE + HINT),
 ]
 
 

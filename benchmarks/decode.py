@@ -183,6 +183,10 @@ def jobs(bench: Bench) -> list[tuple[tuple[str, ...], Callable[[], Results]]]:
         if "inductor" in bench.s.compilers:
             job = lambda m=mode: run_cgcompile(bench, m, "inductor", hint=True)  # noqa: E731
             listed.append(((f"cg/{mode}/inductor/hint",), job))
+    for mode in [m for m in ("PIECEWISE", "FULL_AND_PIECEWISE") if m in bench.s.modes]:
+        if "inductor" in bench.s.compilers:
+            job = lambda m=mode: run_cgcompile(bench, m, "inductor", partition=True)  # noqa: E731
+            listed.append(((f"cg/{mode}/partition",), job))
     listed.append((("kernel_floor",), lambda: run_kernel_floor(bench)))
     return listed
 

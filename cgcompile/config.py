@@ -19,18 +19,18 @@ from typing import Any, Literal
 
 import torch
 
-from cgcompile.errors import ConfigError
+from cgcompile.errors import ConfigError, ConfigTypeError
 from cgcompile.options import (
     MAX_CAPTURE_SIZE,
     MAX_WARMUPS,
     TORCH_COMPILE_KEYS,
-    as_bool,
     as_choice,
     as_int,
     as_op_specs,
     as_options_dict,
     as_sizes,
     parse_enum,
+    show,
 )
 
 
@@ -169,8 +169,10 @@ class CompilationConfig:
     """Extra batch sizes to compile pieces for with concrete shapes."""
     compiler: Literal["inductor", "eager"] = "inductor"
     """How each piece is compiled."""
-    use_inductor_graph_partition: bool = False
-    """Let Inductor partition the whole graph at the splitting ops instead of an FX split."""
+    use_inductor_graph_partition: bool | None = False
+    """Let Inductor compile the whole graph and partition it at the splitting ops instead of
+    the FX split (torch >= 2.9.1, CUDA, compiler 'inductor'). True: where it cannot, the FX
+    split is used with a WARNING; None: where available, falling back quietly (INFO)."""
     num_warmups: int = 1
     """Eager runs before each capture (allocator, autotuning, lazy init)."""
     graph_runtime: Literal["auto", "cuda", "simulated"] = "auto"
@@ -207,9 +209,7 @@ class CompilationConfig:
                 "cudagraph_capture_sizes", self.cudagraph_capture_sizes
             ),
             "compile_sizes": as_sizes("compile_sizes", self.compile_sizes),
-            "use_inductor_graph_partition": as_bool(
-                "use_inductor_graph_partition", self.use_inductor_graph_partition
-            ),
+            "use_inductor_graph_partition": _as_partition(self.use_inductor_graph_partition),
         }
         for key, (minimum, maximum, fix) in _INT_FIELDS.items():
             value = getattr(self, key)
@@ -271,3 +271,13 @@ def validate_options(options: Mapping[str, Any] | None = None) -> CompilationCon
     if isinstance(options, Mapping):
         options = {k: v for k, v in options.items() if k not in TORCH_COMPILE_KEYS}
     return CompilationConfig.from_options(options)
+
+
+def _as_partition(value: Any) -> bool | None:
+    """True, False, or None ("where available")."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise ConfigTypeError(
+        f"use_inductor_graph_partition must be True, False or None (where available), got "
+        f"{show(value)}"
+    )

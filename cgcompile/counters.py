@@ -25,6 +25,9 @@ class Counters:
     """Pieces without a splitting op: the ones compiled and captured piecewise."""
     num_backend_compilations: int = 0
     """Pieces handed to a compiler (Inductor or eager); identical pieces are compiled once."""
+    num_inductor_partitions: int = 0
+    """Partitions Inductor formed and the backend wrapped (`use_inductor_graph_partition`);
+    each Dynamo graph on that path also counts one piece, capturable."""
     num_cudagraph_captured: int = 0
     """CUDA graphs captured (real or simulated)."""
     num_eager_fallbacks: int = 0

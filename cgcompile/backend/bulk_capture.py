@@ -3,9 +3,11 @@
 For each live module instance that has had a call with graphs: FULL graphs are recorded whole,
 and PIECEWISE pieces are recorded one after the other with each eager splitting op replaced by
 a shape-only stand-in (`dry_run.shapes_only`), on batches made of padding rows, so parameters,
-buffers and inputs keep their values. PIECEWISE keys first, then FULL, each largest first so
-smaller graphs reuse the pool blocks of larger ones; the garbage collector is frozen meanwhile.
-A key whose capture fails is left to lazy capture (which warms up first).
+buffers and inputs keep their values. Inductor's partitioned code has no stand-ins: its
+PIECEWISE keys are recorded only when the graph writes no state, else left to lazy capture.
+PIECEWISE keys first, then FULL, each largest first so smaller graphs reuse the pool blocks of
+larger ones; the garbage collector is frozen meanwhile. A key whose capture fails is left to
+lazy capture (which warms up first).
 
     captured = capture_graphs(graph, progress=False)
 """
@@ -74,7 +76,18 @@ def _capture_key(
 ) -> None:
     args = graph.static_inputs.at_size(example, desc.num_tokens)
     shape_key = tuple([args[i] for i in graph.plan.int_args])
-    pieces = graph.shapes_only() if mode == CUDAGraphMode.PIECEWISE else contextlib.nullcontext()
+    pieces = contextlib.nullcontext()
+    if mode == CUDAGraphMode.PIECEWISE and graph.shapes_only is not None:
+        pieces = graph.shapes_only()
+    elif mode == CUDAGraphMode.PIECEWISE and graph.plan.mutated:
+        logger.info(
+            "graph %d: PIECEWISE key %s left to lazy capture: its splitting ops run inside "
+            "Inductor's partitioned code and the graph writes %s",
+            graph.report_id,
+            describe_key((desc, shape_key, slot)),
+            [graph.plan.names[i] for i in graph.plan.mutated],
+        )
+        return
     try:
         with set_forward_context(mode, desc, shape_key=shape_key, capture_only=True, instance=slot):
             with pieces:

@@ -77,9 +77,7 @@ class CompiledGraph:
         report: GraphReport,
         wrappers: list[CUDAGraphWrapper],
         runtime: GraphRuntime | None,
-        shapes_only: Callable[[], contextlib.AbstractContextManager[None]] = (
-            contextlib.nullcontext
-        ),
+        shapes_only: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
         traced: Callable[..., Any] | None = None,
     ) -> None:
         self.runnable = runnable
@@ -89,7 +87,8 @@ class CompiledGraph:
         self.wrappers = wrappers
         self.runtime = runtime
         self.shapes_only = shapes_only
-        """Context in which the eager splitting ops compute shapes only (capture_all)."""
+        """Context in which the eager splitting ops compute shapes only (capture_all); None:
+        they run for real (inside Inductor's partitioned code)."""
         self.traced = traced or runnable
         """The traced graph run eagerly: what calls from threads not owning the graphs run."""
         self.static_inputs = StaticInputs(plan, dispatcher.max_capture_size)

@@ -6,7 +6,7 @@ tensors the splitting op (attention) hands to the next piece: their shapes, dtyp
 devices, not their values (capture records kernels; it reads no data). Running the op for
 real would write what it writes, e.g. a KV cache. Inside `shapes_only(split)` each splitting
 piece of `split.split_gm` computes its outputs' metadata on fake tensors and returns zeros
-of those shapes; on exit the real pieces are back.
+of those shapes and strides; on exit the real pieces are back.
 
     with shapes_only(split):
         split.split_gm.forward(*args)      # captured pieces record, attention never runs
@@ -36,11 +36,13 @@ class _ShapesOnly:
         with FakeTensorMode() as mode:
             fake = tree_map_only(torch.Tensor, mode.from_tensor, args)
             out = self.graph.forward(*fake)
-        return tree_map_only(
-            torch.Tensor,
-            lambda t: torch.zeros(t.shape, dtype=t.dtype, device=t.device),
-            out,
-        )
+        return tree_map_only(torch.Tensor, _zeros_like_fake, out)
+
+
+def _zeros_like_fake(t: torch.Tensor) -> torch.Tensor:
+    """Zeros with the fake's shape and strides: the next piece was compiled for the strides
+    the op's real kernel gives (e.g. SDPA's output is not contiguous on CUDA)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).zero_()
 
 
 @contextlib.contextmanager

@@ -30,10 +30,4 @@ def cudagraph_modes(
             f"backend 'cudagraph_modes' takes its settings through options=, got mode={mode!r}; "
             f"e.g. options={{'cudagraph_mode': 'FULL_AND_PIECEWISE'}}"
         )
-    config = CompilationConfig.from_options(options)
-    if config.use_inductor_graph_partition:
-        raise ConfigError(
-            "use_inductor_graph_partition=True is not supported yet; leave it False to split the "
-            "FX graph at the splitting ops (same modes, pieces compiled separately)"
-        )
-    return compile_graph(gm, example_inputs, config)
+    return compile_graph(gm, example_inputs, CompilationConfig.from_options(options))

@@ -82,12 +82,12 @@ def compile_one(gm: fx.GraphModule, args: Sequence[Any], compiler: str) -> Compi
     return compile_fx(gm, list(args))
 
 
-def _returns_tuple(gm: fx.GraphModule) -> bool:
+def has_tuple_output(gm: fx.GraphModule) -> bool:
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     return isinstance(output.args[0], (tuple, list))
 
 
-def _compile_for_size(
+def compile_for_size(
     gm: fx.GraphModule,
     args: Sequence[Any],
     size: int,
@@ -135,7 +135,7 @@ class _Interpreter(fx.Interpreter):
         out = super().call_module(target, args, kwargs)
         if target in self.capturable:
             # Inductor rewrites a bare output into a tuple in place: remember the original.
-            self.piece_args[target] = (list(args), _returns_tuple(self.fetch_attr(target)))
+            self.piece_args[target] = (list(args), has_tuple_output(self.fetch_attr(target)))
             self.runners[target] = self._compile(target, list(args))
         return out
 
@@ -199,7 +199,7 @@ def _specialize(
         return
     runner.size_index = index
     for size in sizes:
-        runner.by_size[size] = _compile_for_size(gm, args, size, batch_exprs, returns_tuple)
+        runner.by_size[size] = compile_for_size(gm, args, size, batch_exprs, returns_tuple)
 
 
 def _dedupe_key(gm: fx.GraphModule, compiler: str) -> Any:

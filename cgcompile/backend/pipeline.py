@@ -3,52 +3,57 @@
 1. find the attention ops in the graph and the lowest CUDA-graph support among them, the
    inputs the graph writes in place (`passes.mutation`) and whether padding a batch could
    change what the caller sees (`passes.pad_safety`);
-2. resolve the requested mode against that support (`resolution`), logging every downgrade;
-3. split at the splitting ops (`passes.split`) if the mode has piecewise graphs; otherwise the
-   whole graph is one piece, so Inductor can fuse across attention;
-4. compile each capturable piece once, with the symbolic batch (`piece_compiler`);
-5. wrap each piece in a PIECEWISE `CUDAGraphWrapper` and the stitched graph in a FULL one,
-   as the resolved mode needs, all sharing one graph runtime (one memory pool);
-6. build the dispatcher's keys and return the runtime entry.
+2. resolve the requested mode against that support, the attention left unsplit and whether
+   the outputs need autograd (`resolution`), logging every downgrade;
+3. choose the path: with `use_inductor_graph_partition` and a mode with piecewise graphs,
+   Inductor compiles the whole graph and partitions it (`partition`) where it can; otherwise,
+   or when it cannot (logged at WARNING with the reason), the FX split (`fx_split`) compiles
+   each piece; either way each piece or partition gets a PIECEWISE `CUDAGraphWrapper`;
+4. wrap the whole compiled graph in a FULL `CUDAGraphWrapper` if the mode has full graphs;
+   all wrappers share one graph runtime (one memory pool);
+5. build the dispatcher's keys and return the runtime entry.
 Counters are updated only once all steps succeeded: Dynamo may restart analysis mid-way.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import fx
 
-from cgcompile.attention import (
-    attention_ops,
-    attention_support_of,
-    find_attention,
-    is_split_at,
-    unsplit_attention,
-)
+from cgcompile.attention import attention_ops, find_attention, is_split_at
+from cgcompile.backend.build import BuildRequest, Built
 from cgcompile.backend.compiled_graph import CompiledGraph
-from cgcompile.backend.dry_run import shapes_only
+from cgcompile.backend.fx_split import build_split
 from cgcompile.backend.inputs import InputPlan
-from cgcompile.backend.piece_compiler import PieceRunner, compile_pieces, count_compilations
-from cgcompile.backend.report import GraphReport, PieceInfo
+from cgcompile.backend.partition import (
+    Fallback,
+    FallbackRule,
+    PartitionedCompile,
+    compile_partitioned,
+    unavailable_reason,
+)
+from cgcompile.backend.preconditions import (
+    check_batch_dims,
+    needs_autograd,
+    unsplit_attention_of,
+    with_pad_safety,
+)
+from cgcompile.backend.report import INDUCTOR_PARTITION, GraphReport, PieceInfo
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
-from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE
 from cgcompile.errors import ConfigError
 from cgcompile.passes.mutation import find_mutated_inputs
 from cgcompile.passes.op_match import OpMatcher, unknown_op_names
-from cgcompile.passes.pad_safety import check_pad_safety
-from cgcompile.passes.split import SplitResult, split_graph
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
 from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime, make_graph_runtime
+from cgcompile.wrappers.partition_adapter import WrapperFactory
 
 logger = logging.getLogger(__name__)
 _graph_ids = itertools.count()
@@ -59,41 +64,38 @@ def compile_graph(
 ) -> CompiledGraph:
     start = time.perf_counter()
     graph_id = next(_graph_ids)
-    matcher = OpMatcher(attention_ops() if config.splitting_ops is None else config.splitting_ops)
+    specs = attention_ops() if config.splitting_ops is None else config.splitting_ops
+    matcher = OpMatcher(specs)
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-    _warn_unknown_ops(graph_id, config, targets)
     attention = find_attention(targets)
     support = config.attention_cg_support
     if support is None:  # NEVER is 0: test for None, not truthiness
         support = min(attention.values(), default=AttentionCGSupport.ALWAYS)
+    _warn_unknown_ops(graph_id, config, targets)
     plan = InputPlan.from_graph(gm, example_inputs, find_mutated_inputs(gm, example_inputs))
     runtime_kind, device = _choose_runtime(config, example_inputs)
     if config.cudagraph_mode != CUDAGraphMode.NONE and runtime_kind is not None:
-        safety = check_pad_safety(gm, example_inputs, plan.batch_exprs, _is_attention, plan.names)
-        plan = dataclasses.replace(plan, pad_unsafe=safety.reason)
+        plan = with_pad_safety(gm, example_inputs, plan)
     resolution = resolve_cudagraph_mode(
         config.cudagraph_mode,
         support,
         splits_attention=is_split_at(matcher, targets),
         piecewise_available=bool(matcher),
         graphs_available=runtime_kind is not None,
-        needs_autograd=_needs_autograd(gm),
-        unsplit_attention=_unsplit(config, matcher, targets),
+        needs_autograd=needs_autograd(gm),
+        unsplit_attention=unsplit_attention_of(config, matcher, targets),
         uniform_decode_query_len=config.uniform_decode_query_len,
         capture_sizes=_capture_sizes(config, plan),
     )
-    if resolution.mode != CUDAGraphMode.NONE:
-        _check_batch_dims(example_inputs, plan, resolution.mode)
-    # Only piecewise graphs need the split; otherwise Inductor sees (and fuses) the whole graph.
-    needs_split = resolution.mode.requires_piecewise_compilation()
-    split = split_graph(gm, matcher if needs_split else OpMatcher(()))
-    runners = compile_pieces(
-        split, example_inputs, config.compiler, config.compile_sizes, plan.batch_exprs
-    )
     mode = resolution.mode
+    if mode != CUDAGraphMode.NONE:
+        check_batch_dims(example_inputs, plan, mode)
     runtime = make_graph_runtime(runtime_kind, device) if mode != CUDAGraphMode.NONE else None
-    wrappers = _install_pieces(split, runners, mode, runtime, config, graph_id, plan)
-    runnable: Any = split.split_gm.forward  # skips nn.Module.__call__ on the hot path
+    wrappers: list[CUDAGraphWrapper] = []
+    make_wrapper = _piecewise_factory(runtime, config, graph_id, wrappers)
+    request = BuildRequest(gm, example_inputs, config, plan, mode, specs, make_wrapper)
+    built = _build(request, graph_id)
+    runnable = built.runnable
     if mode.has_full_cudagraphs():
         runnable = CUDAGraphWrapper(
             runnable,
@@ -107,11 +109,11 @@ def compile_graph(
         wrappers.insert(0, runnable)
     dispatcher = CudagraphDispatcher(config, resolution.capture_sizes)
     dispatcher.initialize_cudagraph_keys(mode, config.uniform_decode_query_len)
-    _count(split, runners)
-    report = _report(graph_id, config, resolution, attention, support, runtime_kind, split, runners)
+    _count(built.counts)
+    report = _report(graph_id, config, resolution, attention, support, runtime_kind, built)
     report.compile_seconds = time.perf_counter() - start
     report.pad_unsafe = plan.pad_unsafe
-    _log_resolution(graph_id, resolution, attention, split)
+    _log_resolution(graph_id, resolution, attention, built)
     return CompiledGraph(
         runnable,
         dispatcher,
@@ -119,44 +121,9 @@ def compile_graph(
         report,
         wrappers,
         runtime,
-        functools.partial(shapes_only, split),
+        built.shapes_only,
         traced=gm.forward,
     )
-
-
-def _check_batch_dims(example_inputs: Sequence[Any], plan: InputPlan, mode: CUDAGraphMode) -> None:
-    """Graph modes pad and slice dim 0: a batch marked in another dim is refused clearly."""
-    for i, value in enumerate(example_inputs):
-        dim = getattr(value, BATCH_DIM_ATTRIBUTE, 0)
-        if dim != 0:
-            raise ConfigError(
-                f"mark_dynamic_batch(dim={dim}) marked dim {dim} of {plan.names[i]} as the "
-                f"batch, but cudagraph_mode={mode} pads and slices the batch in dim 0 only; "
-                f"move the batch to dim 0 (e.g. x.transpose(0, {dim})) and mark dim 0, or use "
-                f"cudagraph_mode='NONE'"
-            )
-
-
-def _unsplit(
-    config: CompilationConfig, matcher: OpMatcher, targets: list[Any]
-) -> dict[str, AttentionCGSupport]:
-    """Attention ops no splitting op splits, with their support (or the configured override)."""
-    unsplit = unsplit_attention(matcher, targets)
-    if config.attention_cg_support is None:
-        return unsplit
-    return dict.fromkeys(unsplit, config.attention_cg_support)
-
-
-def _needs_autograd(gm: fx.GraphModule) -> bool:
-    """Whether an output requires grad: Dynamo guards on grad mode and on each input's
-    requires_grad, so every call of this graph needs autograd, or none does."""
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    values = [a.meta.get("example_value") for a in output.all_input_nodes]
-    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
-
-
-def _is_attention(target: Any) -> bool:
-    return attention_support_of(target) is not None
 
 
 def _warn_unknown_ops(graph_id: int, config: CompilationConfig, targets: list[Any]) -> None:
@@ -169,6 +136,49 @@ def _warn_unknown_ops(graph_id: int, config: CompilationConfig, targets: list[An
             graph_id,
             unknown,
         )
+
+
+def _build(request: BuildRequest, graph_id: int) -> Built:
+    """Inductor's partition where asked for and possible, else the FX split (logged why)."""
+    fallback = None
+    wasted = 0
+    asked = request.config.use_inductor_graph_partition
+    if asked is not False:  # True, or None: where available
+        fallback = unavailable_reason(request)
+        if fallback is None:
+            result = compile_partitioned(request)
+            if result.num_partitions:
+                return _partition_built(result)
+            wasted = result.num_compilations
+            cause = "every node was a boundary (non-CUDA or cudagraph-unsafe ops) or no kernels"
+            fallback = Fallback(FallbackRule.NO_PARTITION_FORMED, cause)
+        _log_fallback(graph_id, fallback, loud=asked is True)
+    built = build_split(request)
+    built.counts["num_backend_compilations"] += wasted
+    built.partition_fallback = None if fallback is None else str(fallback)
+    return built
+
+
+def _log_fallback(graph_id: int, fallback: Fallback, loud: bool) -> None:
+    # Without piecewise graphs both paths compile the same whole graph: nothing is lost.
+    if loud and fallback.rule is not FallbackRule.NO_PIECEWISE_GRAPHS:
+        log = logger.warning
+    else:
+        log = logger.info
+    log("graph %d: Inductor graph partition not used, the FX split is: %s", graph_id, fallback)
+
+
+def _partition_built(result: PartitionedCompile) -> Built:
+    n = result.num_partitions
+    counts = {
+        "num_graphs_seen": 1,
+        "num_piecewise_graphs_seen": 1,  # Dynamo's graph, whole
+        "num_piecewise_capturable_graphs_seen": 1,
+        "num_backend_compilations": result.num_compilations,
+        "num_inductor_partitions": n,
+    }
+    pieces = [PieceInfo(f"partition_{i}", True, ()) for i in range(n)]
+    return Built(result.runnable, pieces, counts, INDUCTOR_PARTITION, n)
 
 
 def _choose_runtime(
@@ -202,46 +212,41 @@ def _capture_sizes(config: CompilationConfig, plan: InputPlan) -> tuple[int, ...
     return sizes
 
 
-def _install_pieces(
-    split: SplitResult,
-    runners: dict[str, PieceRunner],
-    mode: CUDAGraphMode,
+def _piecewise_factory(
     runtime: GraphRuntime | None,
     config: CompilationConfig,
     graph_id: int,
-    plan: InputPlan,
-) -> list[CUDAGraphWrapper]:
-    """Shadow each capturable submodule with its compiled runner, wrapped if PIECEWISE."""
-    wrappers = []
-    static = set(plan.static_tensors)
-    last = split.capturable[-1].name if split.capturable else None
-    for item in split.capturable:
-        runner = runners[item.name]
-        piece: Any = runner if runner.by_size else runner.general  # one call less per piece
-        if mode.has_piecewise_cudagraphs():
-            piece = CUDAGraphWrapper(
-                piece,
-                CUDAGraphMode.PIECEWISE,
-                runtime,
-                name=f"graph{graph_id}.{item.name}",
-                num_warmups=config.num_warmups,
-                copy_arg_indices=item.fresh_arg_indices,
-                fixed_arg_indices=[i for i, j in enumerate(item.input_args) if j in static],
-                weak_output=item.name == last,
-            )
-            wrappers.append(piece)
-        # An instance attribute wins over nn.Module's submodule lookup in forward().
-        split.split_gm.__dict__[item.name] = piece
-    for item in split.splitting:  # eager attention: skip nn.Module.__call__ per call
-        split.split_gm.__dict__[item.name] = item.graph.forward
-    return wrappers
+    made: list[CUDAGraphWrapper],
+) -> WrapperFactory:
+    """How both paths wrap a piece or partition PIECEWISE; each wrapper is kept for reports."""
+
+    def make(
+        runnable: Callable[..., Any],
+        *,
+        name: str,
+        copy_arg_indices: Sequence[int] = (),
+        fixed_arg_indices: Sequence[int] = (),
+        weak_output: bool = False,
+    ) -> CUDAGraphWrapper:
+        wrapper = CUDAGraphWrapper(
+            runnable,
+            CUDAGraphMode.PIECEWISE,
+            runtime,
+            name=f"graph{graph_id}.{name}",
+            num_warmups=config.num_warmups,
+            copy_arg_indices=copy_arg_indices,
+            fixed_arg_indices=fixed_arg_indices,
+            weak_output=weak_output,
+        )
+        made.append(wrapper)
+        return wrapper
+
+    return make
 
 
-def _count(split: SplitResult, runners: dict[str, PieceRunner]) -> None:
-    counters.num_graphs_seen += 1
-    counters.num_piecewise_graphs_seen += len(split.items)
-    counters.num_piecewise_capturable_graphs_seen += len(split.capturable)
-    counters.num_backend_compilations += count_compilations(runners)
+def _count(deltas: dict[str, int]) -> None:
+    for name, delta in deltas.items():
+        setattr(counters, name, getattr(counters, name) + delta)
 
 
 def _report(
@@ -251,18 +256,8 @@ def _report(
     attention: dict[str, AttentionCGSupport],
     support: AttentionCGSupport,
     runtime_kind: str | None,
-    split: SplitResult,
-    runners: dict[str, PieceRunner],
+    built: Built,
 ) -> GraphReport:
-    pieces = [
-        PieceInfo(
-            item.name,
-            not item.is_splitting,
-            item.ops,
-            None if item.is_splitting else runners[item.name].shares_compile_with,
-        )
-        for item in split.items
-    ]
     return GraphReport(
         graph_id=graph_id,
         requested_mode=str(resolution.requested),
@@ -272,22 +267,26 @@ def _report(
         attention_support=str(support),
         graph_runtime=runtime_kind if resolution.mode != CUDAGraphMode.NONE else None,
         compiler=config.compiler,
-        pieces=pieces,
+        pieces=built.pieces,
         capture_sizes=list(resolution.capture_sizes),
         compile_seconds=0.0,
+        compile_path=built.path,
+        num_partitions=built.num_partitions,
+        partition_fallback=built.partition_fallback,
     )
 
 
 def _log_resolution(
-    graph_id: int, resolution: Resolution, attention: dict[str, Any], split: SplitResult
+    graph_id: int, resolution: Resolution, attention: dict[str, Any], built: Built
 ) -> None:
     for reason in resolution.reasons:
         logger.warning("graph %d: cudagraph mode %s", graph_id, reason)
     logger.info(
-        "graph %d: mode %s, %d pieces (%d capturable), attention %s",
+        "graph %d: mode %s, %s, %d pieces (%d capturable), attention %s",
         graph_id,
         resolution.mode,
-        len(split.items),
-        len(split.capturable),
+        built.path,
+        len(built.pieces),
+        sum(p.capturable for p in built.pieces),
         attention or "none",
     )

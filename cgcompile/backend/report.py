@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+FX_SPLIT = "FX split"
+INDUCTOR_PARTITION = "Inductor partition"
+
 
 @dataclasses.dataclass
 class PieceInfo:
@@ -33,6 +36,12 @@ class GraphReport:
     pieces: list[PieceInfo]
     capture_sizes: list[int]
     compile_seconds: float
+    compile_path: str = FX_SPLIT
+    """FX_SPLIT (pieces compiled one by one) or INDUCTOR_PARTITION (one whole compile)."""
+    num_partitions: int = 0
+    """Partitions Inductor formed and cgcompile wrapped (Inductor partition path only)."""
+    partition_fallback: str | None = None
+    """Why `use_inductor_graph_partition` (True or None) did not give the partition path."""
     num_eager_fallbacks: int = 0
     captured: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     """Graph keys captured so far, per runtime mode."""
@@ -43,15 +52,14 @@ class GraphReport:
     """Why batches are not padded (sizes between capture sizes run without graphs), if so."""
 
     def format(self) -> str:
-        n_cap = sum(p.capturable for p in self.pieces)
         lines = [
             f"graph {self.graph_id}: mode {self.mode} (requested {self.requested_mode}), "
             f"runtime {self.graph_runtime or 'none'}, compiler {self.compiler}",
             f"  attention: {self.attention_ops or 'none'} -> support {self.attention_support}",
-            f"  pieces: {len(self.pieces)} ({n_cap} capturable, "
-            f"{sum(p.shares_compile_with is not None for p in self.pieces)} reuse a compile), "
-            f"compiled in {self.compile_seconds:.2f}s",
+            f"  {self._format_path()}, compiled in {self.compile_seconds:.2f}s",
         ]
+        if self.partition_fallback:
+            lines.append(f"  partition not used: {self.partition_fallback}")
         lines += [f"  downgrade: {r}" for r in self.reasons]
         if self.pad_unsafe:
             lines.append(f"  padding off: {self.pad_unsafe}")
@@ -63,3 +71,15 @@ class GraphReport:
             f"{self.static_input_bytes / 2**20:.1f} MiB, eager fallbacks {self.num_eager_fallbacks}"
         )
         return "\n".join(lines)
+
+    def _format_path(self) -> str:
+        if self.num_partitions:
+            return (
+                f"{self.compile_path}: {self.num_partitions} partitions of one whole-graph compile"
+            )
+        n_cap = sum(p.capturable for p in self.pieces)
+        shared = sum(p.shares_compile_with is not None for p in self.pieces)
+        return (
+            f"{self.compile_path}: {len(self.pieces)} pieces ({n_cap} capturable, "
+            f"{shared} reuse a compile)"
+        )

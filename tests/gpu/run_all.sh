@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one go: GPU tests, the quickstart on real graphs, the
-# benchmark, a step profile (and, when asked for, kernels_diag). Full logs go to $1 (default
+# decode benchmark, the Hugging Face generate() benchmark, a step profile (and, when asked for,
+# kernels_diag). Full logs go to $1 (default
 # $OUT or ./out); a short summary is printed last. STAGES picks a subset (e.g.
 # STAGES="tests quickstart") to fit a time limit.
 #   bash tests/gpu/run_all.sh "$OUT" [benchmark args, e.g. --quick]
 set -uo pipefail
 out="${1:-${OUT:-out}}"; shift || true
-stages="${STAGES:-tests quickstart bench profile}"
+stages="${STAGES:-tests quickstart bench hf profile}"
 mkdir -p "$out"
 : > "$out/summary.txt"
 cd "$(dirname "$0")/../.."
@@ -34,6 +35,7 @@ run() {  # run STAGE LOG CMD...: record its exit code and last line
 run tests gpu-tests.log python -m pytest -q tests/gpu -p no:cacheprovider --durations=15 --junitxml="$out/gpu-tests.xml"
 run quickstart quickstart.log python examples/quickstart.py
 run bench benchmark.log python benchmarks/decode.py --out "$out" "$@"
+run hf hf-generate.log python benchmarks/hf_generate.py --out "$out"
 run profile profile.log python benchmarks/profile_step.py
 # FULL_AND_PIECEWISE first this time: its mixed batches ran 2x slower when profiled second
 run profile profile-mixed.log python benchmarks/profile_step.py \
@@ -45,4 +47,5 @@ echo "== summary (commit $CGCOMPILE_COMMIT, tree digest $CGCOMPILE_TREE)"
 cat "$out/gpu.txt" "$out/summary.txt"
 grep -hE "^(FAILED|ERROR)" "$out/gpu-tests.log" 2>/dev/null | head -20
 [ -f "$out/benchmark.log" ] && tail -n 12 "$out/benchmark.log"
+[ -f "$out/hf-generate.log" ] && tail -n 8 "$out/hf-generate.log"
 exit $rc

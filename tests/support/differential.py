@@ -27,8 +27,10 @@ def check_llama_matches_eager(
     calls: int = 10,
     unbacked: bool = True,
     hint: int | None = None,
+    extra_options: dict | None = None,
 ) -> None:
-    """Assert max|compiled - eager| / max|eager| <= tol on every call, and the trace count."""
+    """Assert max|compiled - eager| / max|eager| <= tol on every call, and the trace count;
+    `extra_options` add to (or override) the backend options below."""
     torch.manual_seed(0)
     model = Llama(LlamaConfig.tiny()).to(device, dtype).eval()
     options = {
@@ -36,6 +38,7 @@ def check_llama_matches_eager(
         "cudagraph_mode": mode,
         "compiler": compiler,
         "cudagraph_capture_sizes": [1, 2, 4, 8],
+        **(extra_options or {}),
     }
     f = torch.compile(model, backend="cudagraph_modes", options=options)
     rng = random.Random(f"{mode}-{compiler}-{dtype}")
@@ -52,3 +55,15 @@ def check_llama_matches_eager(
     traces = 1 if unbacked else 2  # the sequence starts with 8 then 1
     assert cgcompile.counters.num_graphs_seen - before == traces
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == traces
+
+
+def check_every_batch_replays(f, reference, sizes=(1, 2, 3, 4)) -> None:
+    """Each size, as a uniform decode batch and as a mixed one, equals `reference` on the 1-D
+    silly models, running from graphs captured before (none is captured now)."""
+    with cgcompile.counters.expect(num_cudagraph_captured=0):
+        for n in sizes:
+            for uniform in (True, False):
+                x = torch.randn(n)
+                cgcompile.mark_dynamic_batch(x, unbacked=True)
+                with cgcompile.batch_hint(uniform_decode=uniform):
+                    torch.testing.assert_close(f(x), reference(x))

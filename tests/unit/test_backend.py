@@ -14,7 +14,7 @@ import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
 from cgcompile.torch_features import SHARED_UNBACKED_BATCH
 from tests.support import silly
-from tests.support.differential import check_llama_matches_eager
+from tests.support.differential import check_every_batch_replays, check_llama_matches_eager
 from tests.support.models import MODES, SeqModel, dyn, fresh_model, silly_closed_form, silly_model
 from tests.support.requires import needs
 
@@ -300,14 +300,6 @@ def test_report_lists_captured_keys():
     assert "captured FULL: 1 graphs" in report.format()
 
 
-def test_inductor_graph_partition_is_rejected_clearly():
-    f = torch.compile(
-        lambda x: x + 1, backend="cudagraph_modes", options={"use_inductor_graph_partition": True}
-    )
-    with pytest.raises(Exception, match="use_inductor_graph_partition=True is not supported yet"):
-        f(torch.ones(2))
-
-
 def test_graph_shared_by_layers_after_graph_break_stays_correct():
     """Identical layers split into frames by a graph break share one compiled graph; each
     layer gets graphs of its own: graphs captured with layer 0's weights never replay for
@@ -465,12 +457,7 @@ def test_capture_all_captures_every_key_once(first, expected):
     f(dyn(torch.randn(first)))  # 3: PIECEWISE key 4 warms up (first run); 9: above max, eager
     # all keys: PIECEWISE 4, 2, 1 (3 pieces each) + FULL decode 4, 2, 1
     assert cgcompile.capture_all(progress=False) == expected
-    with counters.expect(num_cudagraph_captured=0):
-        for n in (1, 2, 3, 4):
-            for uniform in (True, False):
-                x = dyn(torch.randn(n))
-                with cgcompile.batch_hint(uniform_decode=uniform):
-                    torch.testing.assert_close(f(x), silly_closed_form(x))
+    check_every_batch_replays(f, silly_closed_form)
 
 
 def test_capture_all_before_any_call_says_what_to_do():

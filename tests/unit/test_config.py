@@ -260,3 +260,16 @@ def test_splitting_ops_must_be_a_list() -> None:
     message = _error({"splitting_ops": "silly::attention"})
     assert "splitting_ops" in message
     assert "list" in message
+
+
+@pytest.mark.parametrize("value", [True, False, None], ids=str)
+def test_graph_partition_takes_true_false_or_none(value: object) -> None:
+    config = CompilationConfig.from_options({"use_inductor_graph_partition": value})
+    assert config.use_inductor_graph_partition is value
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes"], ids=str)
+def test_graph_partition_rejects_other_values(value: object) -> None:
+    message = _error({"use_inductor_graph_partition": value})
+    assert "use_inductor_graph_partition must be True, False or None" in message
+    assert repr(value) in message

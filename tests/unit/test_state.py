@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import cgcompile
+import tests.support.silly  # noqa: F401  (registers silly::attention_columns)
 from tests.support.models import MODES, CacheStep
 from tests.support.state import (
     LAYOUTS,
@@ -82,6 +83,27 @@ def test_capture_all_then_calls_match_eager():
             torch.testing.assert_close(got, eager(x, slot))
     torch.testing.assert_close(model.cache[:-1], eager.cache[:-1])
     assert int(model.steps) == len(sizes) + 1
+
+
+def columns_model(x: torch.Tensor) -> torch.Tensor:
+    h = torch.ops.silly.attention_columns(x + 1)
+    return h * 2
+
+
+def test_capture_all_keeps_the_strides_of_eager_op_outputs():
+    """The stand-in for an eager op returns its real kernel's strides (CUDA SDPA's output is not
+    contiguous): the next piece, compiled for them, must capture."""
+    compiled = compile_model(columns_model, "PIECEWISE", "inductor")
+    x = torch.randn(4, 8)
+    cgcompile.mark_dynamic_batch(x)
+    compiled(x)
+    with cgcompile.counters.expect(num_cudagraph_captured=3 * 2, num_capture_failures=0):
+        cgcompile.capture_all(progress=False)  # sizes 2, 4, 8 x 2 pieces
+    for n in (3, 5, 8):
+        x = torch.randn(n, 8)
+        cgcompile.mark_dynamic_batch(x)
+        with cgcompile.counters.expect(num_cudagraph_captured=0):
+            torch.testing.assert_close(compiled(x), columns_model(x))
 
 
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])

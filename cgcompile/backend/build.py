@@ -1,0 +1,56 @@
+"""What a compile path is given (`BuildRequest`) and what it gives back (`Built`).
+
+Two paths turn a Dynamo graph into a runnable with PIECEWISE wrappers: the FX split
+(`fx_split`) and Inductor's graph partition (`partition`). The pipeline picks one, wraps the
+result in a FULL wrapper if the mode has full graphs, and reports from `Built`.
+
+    built = build_split(BuildRequest(gm, example_inputs, config, plan, mode, specs, make))
+    built.runnable(*args)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import fx
+
+from cgcompile.backend.inputs import InputPlan
+from cgcompile.backend.report import FX_SPLIT, PieceInfo
+from cgcompile.config import CompilationConfig, CUDAGraphMode
+from cgcompile.wrappers.partition_adapter import WrapperFactory
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildRequest:
+    gm: fx.GraphModule
+    """Dynamo's graph; paths work on copies, so the other path can still follow."""
+    example_inputs: Sequence[Any]
+    config: CompilationConfig
+    plan: InputPlan
+    mode: CUDAGraphMode
+    """The resolved mode."""
+    specs: Sequence[Any]
+    """The splitting ops."""
+    make_wrapper: WrapperFactory
+    """Builds each PIECEWISE wrapper (and keeps it for the report)."""
+
+
+@dataclasses.dataclass
+class Built:
+    """A compiled graph before any FULL wrapper, and what the report and counters need."""
+
+    runnable: Callable[..., Any]
+    pieces: list[PieceInfo]
+    counts: dict[str, int]
+    """Counter deltas, applied once the whole compile succeeded."""
+    path: str = FX_SPLIT
+    num_partitions: int = 0
+    partition_fallback: str | None = None
+    """Why Inductor's partition was asked for but not used."""
+    shapes_only: Callable[[], contextlib.AbstractContextManager[None]] | None = None
+    """A context in which the eager splitting ops only compute shapes (`dry_run`), for
+    recording PIECEWISE graphs without running anything; None where they cannot be replaced
+    (inside Inductor's partitioned code)."""

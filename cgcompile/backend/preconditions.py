@@ -1,0 +1,68 @@
+"""Facts about a Dynamo graph that decide which CUDA graphs it may have, checked once when it
+compiles: whether padding a batch could change what the caller sees (`passes.pad_safety`),
+whether its outputs need autograd, which attention ops no splitting op splits, and whether a
+batch was marked outside dim 0 (refused in graph modes).
+
+    plan = with_pad_safety(gm, example_inputs, plan)       # plan.pad_unsafe: None or why
+    needs_autograd(gm), unsplit_attention_of(config, matcher, targets)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from cgcompile.attention import attention_support_of, unsplit_attention
+from cgcompile.backend.inputs import InputPlan
+from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
+from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE
+from cgcompile.errors import ConfigError
+from cgcompile.passes.op_match import OpMatcher
+from cgcompile.passes.pad_safety import check_pad_safety
+
+
+def with_pad_safety(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], plan: InputPlan
+) -> InputPlan:
+    """`plan` with `pad_unsafe` set from the graph; registered attention ops are trusted."""
+    safety = check_pad_safety(gm, example_inputs, plan.batch_exprs, _is_attention, plan.names)
+    return dataclasses.replace(plan, pad_unsafe=safety.reason)
+
+
+def _is_attention(target: Any) -> bool:
+    return attention_support_of(target) is not None
+
+
+def needs_autograd(gm: fx.GraphModule) -> bool:
+    """Whether an output requires grad: Dynamo guards on grad mode and on each input's
+    requires_grad, so every call of this graph needs autograd, or none does."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = [a.meta.get("example_value") for a in output.all_input_nodes]
+    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
+
+
+def unsplit_attention_of(
+    config: CompilationConfig, matcher: OpMatcher, targets: list[Any]
+) -> dict[str, AttentionCGSupport]:
+    """Attention ops no splitting op splits, with their support (or the configured override)."""
+    unsplit = unsplit_attention(matcher, targets)
+    if config.attention_cg_support is None:
+        return unsplit
+    return dict.fromkeys(unsplit, config.attention_cg_support)
+
+
+def check_batch_dims(example_inputs: Sequence[Any], plan: InputPlan, mode: CUDAGraphMode) -> None:
+    """Graph modes pad and slice dim 0: a batch marked in another dim is refused clearly."""
+    for i, value in enumerate(example_inputs):
+        dim = getattr(value, BATCH_DIM_ATTRIBUTE, 0)
+        if dim != 0:
+            raise ConfigError(
+                f"mark_dynamic_batch(dim={dim}) marked dim {dim} of {plan.names[i]} as the "
+                f"batch, but cudagraph_mode={mode} pads and slices the batch in dim 0 only; "
+                f"move the batch to dim 0 (e.g. x.transpose(0, {dim})) and mark dim 0, or use "
+                f"cudagraph_mode='NONE'"
+            )

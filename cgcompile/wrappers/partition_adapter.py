@@ -1,0 +1,196 @@
+"""Inductor's partition calling convention adapted to `CUDAGraphWrapper`.
+
+Inductor's partition wrapper hook wraps each partition function, which takes ONE list of
+tensors and ints and clears it. `PartitionAdapter` unpacks that list so the PIECEWISE
+`CUDAGraphWrapper` keys on the int args and checks every tensor's address on its first replay,
+exactly as for an FX piece. Which tensors it must copy in is learnt in the artifact's first
+forward (`FirstForward`), driven by `PartitionedGraph`, which the backend calls.
+
+    adapter = PartitionAdapter(partition, 0, 3, first_forward, make_wrapper, "partition_0")
+    outs = adapter([x, 8])          # what Inductor's generated `call` does
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_unflatten
+
+from cgcompile.wrappers.cuda_graph_wrapper import CUDAGraphWrapper
+
+
+class WrapperFactory(Protocol):
+    """Builds the PIECEWISE wrapper of one partition (the backend's, shared with the FX path)."""
+
+    def __call__(
+        self,
+        runnable: Callable[..., Any],
+        *,
+        name: str,
+        copy_arg_indices: Sequence[int],
+        weak_output: bool,
+        fixed_arg_indices: Sequence[int] = (),
+    ) -> CUDAGraphWrapper: ...
+
+
+class FirstForward:
+    """What a partition may read in place, learnt in the first forward of one artifact.
+
+    Graph inputs (parameters, the backend's static buffers) and earlier partitions' outputs
+    (graph memory once captured) keep their addresses from call to call. Any other tensor a
+    partition receives was allocated in Inductor's `call` by an eager op (an attention kernel
+    returning its output), so its address may change: the partition's graph copies it in.
+    References are held during that forward so no freed block is mistaken for a kept one.
+    """
+
+    def __init__(self) -> None:
+        self.unclassified = 0
+        """Adapters that have not yet seen a call: tracking stops at 0."""
+        self.active = False
+        self._kept: dict[int, torch.Tensor] = {}
+
+    def begin(self, args: Sequence[Any]) -> None:
+        self.active = True
+        self.add(args)
+
+    def end(self) -> None:
+        self.active = False
+        self._kept = {}
+
+    def add(self, values: Any) -> None:
+        for t in tree_leaves(values):
+            if isinstance(t, torch.Tensor):
+                self._kept[t.untyped_storage().data_ptr()] = t
+
+    def fresh_positions(self, args: Sequence[Any]) -> tuple[int, ...]:
+        """Positions of tensors in `args` whose storage is neither input nor partition output."""
+        return tuple(
+            i
+            for i, a in enumerate(args)
+            if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() not in self._kept
+        )
+
+
+class ArgLayout:
+    """Flattens the list Inductor passes a partition into tensors and ints, and back.
+
+    An element can be a tuple or list: the whole output of an eager op between partitions (e.g.
+    SDPA's (out, logsumexp)), which the partition indexes itself. Its tensors must be seen
+    one by one, to be keyed, copied in and address-checked. One level of nesting is unpacked
+    inline (the hot path pays a loop); deeper nesting goes through pytree (slower).
+    """
+
+    def __init__(self, args: Sequence[Any]) -> None:
+        nested = [a for a in args if isinstance(a, (tuple, list))]
+        self.spec: TreeSpec | None = None
+        self.shape: tuple[tuple[type, int] | None, ...] | None = None
+        """Per element: None for a leaf, (tuple or list, length) for a container."""
+        if any(isinstance(x, (tuple, list)) for a in nested for x in a):
+            self.spec = tree_flatten(list(args))[1]
+        elif nested:
+            self.shape = tuple(
+                ((list if isinstance(a, list) else tuple), len(a))
+                if isinstance(a, (tuple, list))
+                else None
+                for a in args
+            )
+
+    def flatten(self, args: list[Any]) -> tuple[Any, ...]:
+        if self.shape is None:
+            return tuple(args) if self.spec is None else tuple(tree_flatten(args)[0])
+        flat: list[Any] = []
+        for arg, shape in zip(args, self.shape, strict=True):
+            if shape is None:
+                flat.append(arg)
+            else:
+                flat.extend(arg)
+        return tuple(flat)
+
+    def rebuild(self, flat: tuple[Any, ...]) -> list[Any]:
+        if self.shape is None:
+            return list(flat) if self.spec is None else tree_unflatten(list(flat), self.spec)
+        out: list[Any] = []
+        i = 0
+        for shape in self.shape:
+            if shape is None:
+                out.append(flat[i])
+                i += 1
+            else:
+                kind, n = shape
+                out.append(kind(flat[i : i + n]))
+                i += n
+        return out
+
+
+class PartitionAdapter:
+    """Stands in for one partition: Inductor calls it with ONE list, which it must clear.
+
+    Per call:
+    1. flatten the list (`ArgLayout`) and clear it, as the partition would (the caller's list
+       must not keep inputs alive);
+    2. first call only: build the PIECEWISE wrapper, copying in the tensors `FirstForward`
+       finds fresh; it keys on the int args and checks the others' addresses on first replay;
+    3. call the wrapper with the flat args; its runnable rebuilds a new list for each run of
+       the partition, as a capture or replay may run it again.
+    """
+
+    def __init__(
+        self,
+        partition: Callable[[list[Any]], Any],
+        index: int,
+        count: int,
+        first_forward: FirstForward,
+        make_wrapper: WrapperFactory,
+        name: str,
+    ) -> None:
+        self.partition = partition
+        self.index = index
+        self.count = count
+        self.first_forward = first_forward
+        self.make_wrapper = make_wrapper
+        self.name = name
+        self.wrapper: CUDAGraphWrapper | None = None
+        self.layout: ArgLayout | None = None
+
+    def __call__(self, args: list[Any]) -> Any:
+        if self.wrapper is None:
+            self._wrap(args)
+        flat = self.layout.flatten(args)
+        args.clear()
+        out = self.wrapper(*flat)
+        if self.first_forward.active:
+            self.first_forward.add(out)
+        return out
+
+    def _wrap(self, args: list[Any]) -> None:
+        self.layout = ArgLayout(args)
+        flat = self.layout.flatten(args)
+        self.wrapper = self.make_wrapper(
+            self._run,
+            name=self.name,
+            copy_arg_indices=self.first_forward.fresh_positions(flat),
+            weak_output=self.index == self.count - 1,
+        )
+        self.first_forward.unclassified -= 1
+
+    def _run(self, *flat: Any) -> Any:
+        return self.partition(self.layout.rebuild(flat))
+
+
+class PartitionedGraph:
+    """One Inductor artifact of the whole graph; tracks forwards until every adapter is built."""
+
+    def __init__(self, compiled: Callable[..., Any], first_forward: FirstForward) -> None:
+        self.compiled = compiled
+        self.first_forward = first_forward
+
+    def __call__(self, *args: Any) -> Any:
+        if not self.first_forward.unclassified:
+            return self.compiled(*args)
+        self.first_forward.begin(args)
+        try:
+            return self.compiled(*args)
+        finally:
+            self.first_forward.end()
