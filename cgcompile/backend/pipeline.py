@@ -97,15 +97,7 @@ def compile_graph(
     built = _build(request, graph_id)
     runnable = built.runnable
     if mode.has_full_cudagraphs():
-        runnable = CUDAGraphWrapper(
-            runnable,
-            CUDAGraphMode.FULL,
-            runtime,
-            name=f"graph{graph_id}.full",
-            num_warmups=config.num_warmups,
-            fixed_arg_indices=plan.static_tensors,
-            weak_output=True,
-        )
+        runnable = _full_wrapper(runnable, runtime, config, graph_id, plan)
         wrappers.insert(0, runnable)
     dispatcher = CudagraphDispatcher(config, resolution.capture_sizes)
     dispatcher.initialize_cudagraph_keys(mode, config.uniform_decode_query_len)
@@ -114,15 +106,27 @@ def compile_graph(
     report.compile_seconds = time.perf_counter() - start
     report.pad_unsafe = plan.pad_unsafe
     _log_resolution(graph_id, resolution, attention, built)
-    return CompiledGraph(
+    shapes_only, traced = built.shapes_only, gm.forward
+    return CompiledGraph(runnable, dispatcher, plan, report, wrappers, runtime, shapes_only, traced)
+
+
+def _full_wrapper(
+    runnable: Callable[..., Any],
+    runtime: GraphRuntime | None,
+    config: CompilationConfig,
+    graph_id: int,
+    plan: InputPlan,
+) -> CUDAGraphWrapper:
+    """The FULL wrapper around the whole compiled graph; parameters and buffers are the graph
+    inputs whose addresses the backend checks by instance, not per replay."""
+    return CUDAGraphWrapper(
         runnable,
-        dispatcher,
-        plan,
-        report,
-        wrappers,
+        CUDAGraphMode.FULL,
         runtime,
-        built.shapes_only,
-        traced=gm.forward,
+        name=f"graph{graph_id}.full",
+        num_warmups=config.num_warmups,
+        fixed_arg_indices=plan.static_tensors,
+        weak_output=True,
     )
 
 
