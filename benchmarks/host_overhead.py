@@ -175,6 +175,7 @@ def main() -> None:
             "stitching + wrappers": per_call_us(graphs_only),
             "manual mode": per_call_us(manual),
             "manual mode, no checks": _without_address_checks(graph, manual),
+            "instance identity check": per_call_us(lambda: graph.instances.slot_of(outer)),
             "hand loop": per_call_us(hand),
             "one attention call": per_call_us(lambda: layer.attention(query), 20000),
         }
