@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 class CapturedCUDAGraph:
     """A `torch.cuda.CUDAGraph` and the output tensors its replays write."""
 
-    __slots__ = ("graph", "output")
+    __slots__ = ("graph", "output", "__weakref__")
 
     def __init__(self, graph: torch.cuda.CUDAGraph, output: Any) -> None:
         self.graph = graph
@@ -65,6 +66,8 @@ class CUDAGraphRuntime:
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream(device=self.device)
         self._reserved_bytes = 0
+        self._live_graphs = 0
+        """Graphs captured into `pool` and not yet freed."""
 
     def memory_bytes(self) -> int:
         """Bytes the caching allocator newly reserved while this runtime captured.
@@ -74,6 +77,9 @@ class CUDAGraphRuntime:
         outside captures (warm-up runs, static input buffers).
         """
         return self._reserved_bytes
+
+    def _graph_freed(self) -> None:
+        self._live_graphs -= 1
 
     def borrow(self, tensors: Iterable[torch.Tensor]) -> None:
         """Nothing to do: a CUDA graph keeps addresses, never its input tensors."""
@@ -89,6 +95,11 @@ class CUDAGraphRuntime:
         """Record fn(*args) into a new graph in this runtime's pool (steps in the module doc).
 
         Recording runs no kernel, so no tensor changes; `dry_run` changes nothing here."""
+        if self._live_graphs == 0:
+            # the allocator retires a pool id once every graph captured into it is freed (e.g.
+            # the graphs of a deleted module instance): capturing into it again trips its
+            # `use_count > 0` assert, so a pool with no live graph is replaced by a fresh one
+            self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         reserved_before = torch.cuda.memory_reserved(self.device)
         gc_was_enabled = gc.isenabled()
@@ -100,10 +111,13 @@ class CUDAGraphRuntime:
                 gc.enable()
         grown = torch.cuda.memory_reserved(self.device) - reserved_before
         self._reserved_bytes += max(grown, 0)
+        captured = CapturedCUDAGraph(graph, weak_ref_tensors(output))
+        self._live_graphs += 1
+        weakref.finalize(captured, self._graph_freed)
         # Replays hand out non-owning aliases, so between forwards every block of this graph is
         # free for other captures in the pool; the capture call's caller gets `output` (strong
         # unless weak_output) so the blocks stay reserved while the rest of its forward captures.
-        return CapturedCUDAGraph(graph, weak_ref_tensors(output)), output
+        return captured, output
 
     def _record(
         self,

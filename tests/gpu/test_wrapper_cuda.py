@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -217,3 +218,24 @@ def test_memory_bytes_counts_pool_growth(runtime: CUDAGraphRuntime) -> None:
         for _ in range(2):  # the callable's first run, then the capture
             wrapper(x)
     assert runtime.memory_bytes() >= x.nbytes
+
+
+def test_a_runtime_captures_again_after_all_its_graphs_were_freed(
+    runtime: CUDAGraphRuntime,
+) -> None:
+    """The allocator retires a pool id once every graph in it is freed (a deleted module
+    instance's graphs, a Hugging Face cache per generate()): the next capture takes a new pool
+    instead of tripping the allocator's `use_count > 0` assert."""
+    x = cuda_arange(4)
+    first = wrap(Affine(), runtime)
+    with in_mode(PIECEWISE):
+        first(x)  # the callable's first run
+        kept = first(x)  # captured; its output block stays in use
+    first.entries.clear()
+    gc.collect()
+    second = wrap(Affine(), runtime)
+    with in_mode(PIECEWISE):
+        second(x)
+        second(x)
+        torch.testing.assert_close(second(x), x * 2 + 1)
+    torch.testing.assert_close(kept, x * 2 + 1)
