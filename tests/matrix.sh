@@ -27,11 +27,15 @@ has_torch() {  # $1 venv, $2 version: the venv's torch is that release
         2>/dev/null
 }
 
-build_venv() {  # $1 venv, $2 version
-    has_torch "$1" "$2" && return 0
-    echo "building $1 (torch $2) ..." >&2
-    "$PYTHON" -m venv "$1" &&
-        "$1/bin/pip" install -q --no-cache-dir "torch==$2" "pytest>=7" "hypothesis>=6" numpy
+build_venv() {  # $1 venv, $2 version; the test extras (transformers too) are added when missing
+    if ! has_torch "$1" "$2"; then
+        echo "building $1 (torch $2) ..." >&2
+        "$PYTHON" -m venv "$1" &&
+            "$1/bin/pip" install -q --no-cache-dir "torch==$2" "pytest>=7" "hypothesis>=6" numpy ||
+            return 1
+    fi
+    "$1/bin/python" -c "import transformers" 2>/dev/null ||
+        "$1/bin/pip" install -q --no-cache-dir "transformers>=4.56"
 }
 
 summary() {  # pytest's closing line without warnings and timing: "294 passed, 16 skipped"
