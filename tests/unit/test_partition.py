@@ -45,9 +45,10 @@ def emulated_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 def emulated_gpu(monkeypatch: pytest.MonkeyPatch, emulated_cache: str) -> None:
     stock = Scheduler.should_partition
 
-    def should_partition(self: Scheduler, node: BaseSchedulerNode) -> str | None:
+    def should_partition(self: Scheduler, node: BaseSchedulerNode, *args, **kwargs):
+        # torch 2.9 passes should_log=; it returns a bool there and a reason (str) from 2.11
         with mock.patch.object(BaseSchedulerNode, "is_gpu", lambda _: True):
-            return stock(self, node)
+            return stock(self, node, *args, **kwargs)
 
     monkeypatch.setattr(Scheduler, "should_partition", should_partition)
     monkeypatch.setattr(partition, "gpu_input_reason", lambda inputs: None)
