@@ -26,9 +26,9 @@ def test_generate_matches_eager(path, mode):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_generate_matches_eager_with_inductor(path):
-    if path == "compiled-forward" and torch.__version__.startswith(("2.9.", "2.10.")):
+    if path == "compiled-forward" and torch.__version__ < "2.13":
         pytest.skip(
-            "torch < 2.11's Inductor emits C++ that does not compile for this model's dynamic "
+            "torch < 2.13's Inductor emits C++ that does not compile for this model's dynamic "
             "cache on CPU ('tmp2' was not declared); plain torch.compile(model.forward) fails too"
         )
     check(path, "FULL_AND_PIECEWISE", "inductor")
