@@ -80,29 +80,30 @@ def run_cgcompile(
     compiler: str,
     skip_module_guards: bool = False,
     hint: bool = False,
-    partition: bool = False,
+    partition: bool | None = None,
 ) -> Results:
     """One cgcompile peer; `skip_module_guards` passes torch's
     `guard_filter_fn=torch.compiler.skip_guard_on_all_nn_modules_unsafe` (Dynamo then checks
     sizes, inputs and global state per call, not the ~1800 guards on the module and its
     parameters), which shows how much of a step is Dynamo's guard check. `hint` marks the batch
     with `hint=` the largest capture size, so Inductor tunes the dynamic graph for it.
-    `partition` (with the hint) compiles through Inductor's graph partition instead of the FX
-    split: `cg/MODE/partition`."""
+    `partition` (with the hint) picks the path: True, Inductor's graph partition
+    (`cg/MODE/partition`); False, the FX split (`cg/MODE/fx-split`); None, the default (the
+    partition where available)."""
     options: dict[str, Any] = {
         "cudagraph_mode": mode,
         "compiler": compiler,
         "max_cudagraph_capture_size": bench.s.max_capture_size,
     }
     name = f"cg/{mode}/{compiler}"
-    if partition:
-        name, hint = f"cg/{mode}/partition", True
-        options["use_inductor_graph_partition"] = True
+    if partition is not None:
+        name, hint = f"cg/{mode}/{'partition' if partition else 'fx-split'}", True
+        options["use_inductor_graph_partition"] = partition
     if skip_module_guards:
         name += "/skip-module-guards"
         options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     described = {k: getattr(v, "__name__", v) for k, v in options.items()}
-    if hint and not partition:
+    if hint and partition is None:
         name += "/hint"
     if hint:
         described["mark_dynamic_batch(hint=)"] = bench.s.max_capture_size

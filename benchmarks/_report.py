@@ -15,8 +15,11 @@ FULL_AND_PIECEWISE = "cg/FULL_AND_PIECEWISE/inductor"
 CAPTURE_LIMIT_S = 15.0
 SKIP_GUARDS = "/skip-module-guards"
 HINT = "/hint"  # the batch marked with hint= the largest capture size
-F_AND_P_PARTITION = "cg/FULL_AND_PIECEWISE/partition"  # Inductor partition, with the hint
+# Both paths explicitly, with the hint (the default takes the partition where available)
+F_AND_P_PARTITION = "cg/FULL_AND_PIECEWISE/partition"
+F_AND_P_FX = "cg/FULL_AND_PIECEWISE/fx-split"
 PIECEWISE_PARTITION = "cg/PIECEWISE/partition"
+PIECEWISE_FX = "cg/PIECEWISE/fx-split"
 PAIRS = [  # (name, peer, base): the per-workload ratios the analysis reads
     ("FULL / hand_full_graph", FULL, "hand_full_graph"),
     ("FULL / reduce_overhead", FULL, "reduce_overhead"),
@@ -37,7 +40,8 @@ PAIRS = [  # (name, peer, base): the per-workload ratios the analysis reads
     ("PIECEWISE, batch hint / hand_piecewise", PIECEWISE + HINT, "hand_piecewise"),
     ("FULL_AND_PIECEWISE, batch hint / FULL, batch hint", FULL_AND_PIECEWISE + HINT, FULL + HINT),
     ("FULL_AND_PIECEWISE, partition / FULL, batch hint", F_AND_P_PARTITION, FULL + HINT),
-    ("PIECEWISE, partition / PIECEWISE, batch hint", PIECEWISE_PARTITION, PIECEWISE + HINT),
+    ("FULL_AND_PIECEWISE, FX split / FULL, batch hint", F_AND_P_FX, FULL + HINT),
+    ("PIECEWISE, partition / PIECEWISE, FX split", PIECEWISE_PARTITION, PIECEWISE_FX),
 ]
 
 
@@ -92,6 +96,21 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ("FULL_AND_PIECEWISE mixed / PIECEWISE (~)", FULL_AND_PIECEWISE, PIECEWISE, mixed, 1.05),
         ("PIECEWISE / hand_piecewise", PIECEWISE, "hand_piecewise", names, 1.05),
         ("PIECEWISE mixed / compile_default", PIECEWISE, "compile_default", mixed, 1.0),
+        (
+            "FULL_AND_PIECEWISE decode / FULL, batch hint",
+            FULL_AND_PIECEWISE + HINT,
+            FULL + HINT,
+            decode,
+            1.01,
+        ),
+        (
+            "FULL_AND_PIECEWISE partition decode / FULL, batch hint",
+            F_AND_P_PARTITION,
+            FULL + HINT,
+            decode,
+            1.01,
+        ),
+        ("PIECEWISE partition mixed / FX split", PIECEWISE_PARTITION, PIECEWISE_FX, mixed, 1.0),
     ]
     gpu = results["metadata"]["device_type"] == "cuda"
     found = [

@@ -185,8 +185,9 @@ def jobs(bench: Bench) -> list[tuple[tuple[str, ...], Callable[[], Results]]]:
             listed.append(((f"cg/{mode}/inductor/hint",), job))
     for mode in [m for m in ("PIECEWISE", "FULL_AND_PIECEWISE") if m in bench.s.modes]:
         if "inductor" in bench.s.compilers:
-            job = lambda m=mode: run_cgcompile(bench, m, "inductor", partition=True)  # noqa: E731
-            listed.append(((f"cg/{mode}/partition",), job))
+            for path, partition in (("partition", True), ("fx-split", False)):
+                job = lambda m=mode, p=partition: run_cgcompile(bench, m, "inductor", partition=p)  # noqa: E731
+                listed.append(((f"cg/{mode}/{path}",), job))
     listed.append((("kernel_floor",), lambda: run_kernel_floor(bench)))
     return listed
 

@@ -6,6 +6,7 @@ events, and the profiler's top ops by self CPU time. With --out, the text and Ch
 to DIR for a closer look.
 
     python benchmarks/profile_step.py --modes PIECEWISE FULL --tokens 8 [--mixed] [--out DIR]
+    python benchmarks/profile_step.py --modes PIECEWISE --paths fx partition fx partition
 """
 
 from __future__ import annotations
@@ -40,9 +41,18 @@ def host_and_device_ms(step, device: torch.device, n: int = 50) -> tuple[float, 
     return statistics.median(host), statistics.median(dev)
 
 
-def profile_mode(model: Llama, mode: str, tokens: int, uniform: bool, out: Path | None) -> str:
+PATHS = {"default": None, "partition": True, "fx": False}  # use_inductor_graph_partition
+
+
+def profile_mode(
+    model: Llama, mode: str, tokens: int, uniform: bool, out: Path | None, path: str = "default"
+) -> str:
     torch._dynamo.reset()
-    options = {"cudagraph_mode": mode, "max_cudagraph_capture_size": 1024}
+    options = {
+        "cudagraph_mode": mode,
+        "max_cudagraph_capture_size": 1024,
+        "use_inductor_graph_partition": PATHS[path],
+    }
     compiled = torch.compile(model, backend="cudagraph_modes", options=options)
     inputs = make_inputs(model.cfg, tokens, "cuda")
     mark_batch(model.cfg, *inputs)
@@ -60,9 +70,12 @@ def profile_mode(model: Llama, mode: str, tokens: int, uniform: bool, out: Path 
             step()
         torch.cuda.synchronize()
     if out is not None:
-        prof.export_chrome_trace(str(out / f"trace-{mode}-{tokens}.json"))
+        prof.export_chrome_trace(str(out / f"trace-{mode}-{path}-{tokens}.json"))
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-    head = f"== {mode} tokens={tokens} uniform={uniform}: host {host:.3f} ms, device {dev:.3f} ms"
+    head = (
+        f"== {mode} ({path} path) tokens={tokens} uniform={uniform}: host {host:.3f} ms, "
+        f"device {dev:.3f} ms"
+    )
     return f"{head}\n{table}\n{cgcompile.compiled_graphs()[-1].format_report()}"
 
 
@@ -72,6 +85,14 @@ def main() -> int:
     parser.add_argument("--modes", nargs="+", default=["FULL", "PIECEWISE", "NONE"])
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--mixed", action="store_true", help="mixed batch (default: decode)")
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=sorted(PATHS),
+        default=["default"],
+        help="use_inductor_graph_partition per run: None, True or False; repeat a path to "
+        "interleave runs (e.g. fx partition fx partition)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("profile_step needs a CUDA GPU")
@@ -83,7 +104,10 @@ def main() -> int:
     reports = []
     with torch.no_grad():
         for mode in args.modes:
-            reports.append(profile_mode(model, mode, args.tokens, not args.mixed, args.out))
+            for path in args.paths:
+                report = profile_mode(model, mode, args.tokens, not args.mixed, args.out, path)
+                print(report.splitlines()[0], flush=True)
+                reports.append(report)
     text = "\n\n".join(reports)
     if args.out is not None:
         (args.out / "profile.txt").write_text(text)

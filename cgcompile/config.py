@@ -172,7 +172,8 @@ class CompilationConfig:
     use_inductor_graph_partition: bool | None = False
     """Let Inductor compile the whole graph and partition it at the splitting ops instead of
     the FX split (torch >= 2.9.1, CUDA, compiler 'inductor'). True: where it cannot, the FX
-    split is used with a WARNING; None: where available, falling back quietly (INFO)."""
+    split is used with a WARNING; None: where available, falling back quietly (INFO); False
+    (default): always the FX split."""
     num_warmups: int = 1
     """Eager runs before each capture (allocator, autotuning, lazy init)."""
     graph_runtime: Literal["auto", "cuda", "simulated"] = "auto"

@@ -32,7 +32,11 @@ def newest_graph() -> cgcompile.CompiledGraph:
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 def test_silly_piecewise_counters_cuda(compiler):
     f = compile_fn(
-        silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[1, 2], compiler=compiler
+        silly_model,
+        cudagraph_mode="PIECEWISE",
+        cudagraph_capture_sizes=[1, 2],
+        compiler=compiler,
+        use_inductor_graph_partition=False,  # the FX split's pieces (the partition: its tests)
     )
     with counters.expect(
         num_piecewise_graphs_seen=5,

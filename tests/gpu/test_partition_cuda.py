@@ -55,10 +55,17 @@ def test_full_graph_of_the_partitioned_compile_runs_no_python():
     assert silly.CALLS["n"] == 0  # the attention op lives inside the full graph
 
 
-@pytest.mark.parametrize("batch", ["unbacked", "backed"])
+@pytest.mark.parametrize(
+    "partition", [None, True, False], ids=["where-available", "partition", "fx"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("mode", MODES)
-def test_differential_llama_partition_cuda(mode, dtype, batch):
+def test_differential_llama_partition_cuda(mode, dtype, partition):
+    """Both paths equal eager (test_backend_cuda covers the default with other options);
+    None ("where available") takes the partition wherever the mode has piecewise graphs."""
+    piecewise = CUDAGraphMode[mode].has_piecewise_cudagraphs()
+    if not piecewise and partition is not None:
+        pytest.skip("no piecewise graphs: every setting compiles the same whole graph")
     last = max((g.report.graph_id for g in cgcompile.compiled_graphs()), default=-1)
     check_llama_matches_eager(
         mode,
@@ -67,12 +74,11 @@ def test_differential_llama_partition_cuda(mode, dtype, batch):
         graph_runtime="cuda",
         dtype=dtype,
         tol=1e-4 if dtype == torch.float32 else 0.03,  # bf16: kernels round differently
-        unbacked=batch == "unbacked",
-        extra_options={"use_inductor_graph_partition": True},
+        unbacked=True,
+        extra_options={"use_inductor_graph_partition": partition},
     )
     graphs = [g.report for g in cgcompile.compiled_graphs() if g.report.graph_id > last]
-    piecewise = CUDAGraphMode[mode].has_piecewise_cudagraphs()
-    want = "Inductor partition" if piecewise else "FX split"
+    want = "Inductor partition" if piecewise and partition is not False else "FX split"
     assert graphs and all(r.compile_path == want for r in graphs), [r.format() for r in graphs]
 
 

@@ -191,14 +191,31 @@ def test_first_replay_checks_the_address_of_each_tensor_in_the_list(emulated_gpu
 
 def test_only_tensors_from_eager_ops_are_copied_in(emulated_gpu):
     """SDPA's output (a tuple in the list) is allocated anew by each call: copied in. The
-    parameters and the previous partition's outputs keep their addresses: read in place."""
-    f = compile_fn(SeqModel(), cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4])
-    with torch.no_grad():
-        f(dyn(torch.randn(4, 5, 8)))
+    parameters and the previous partition's outputs keep their addresses: read in place.
+    Of SDPA's (out, logsumexp) the partition reads only out: logsumexp is never copied."""
+    torch.manual_seed(0)
+    model = SeqModel()
+    f = compile_fn(model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4])
+    with torch.no_grad(), counters.expect(num_cudagraph_captured=2):
+        for _ in range(4):  # warm-up, capture, replay, replay: fresh SDPA outputs each time
+            x = dyn(torch.randn(4, 5, 8))
+            torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
     first, second = newest_graph().wrappers
     assert first.copy_arg_indices == ()
     # flat list of the second: SDPA's (out, logsumexp), then parameters and sizes
-    assert second.copy_arg_indices == (0, 1)
+    assert second.copy_arg_indices == (0,)
+
+
+def test_a_partition_that_unpacks_a_tuple_reads_all_of_it():
+    """Reads are learnt from indexing; iterating a tuple counts as reading every element."""
+    layout = ArgLayout([(torch.ones(1), torch.zeros(1), torch.ones(2)), 3])
+    flat = layout.flatten([(torch.ones(1), torch.zeros(1), torch.ones(2)), 3])
+    reads: set[int] = set()
+    (t, n) = layout.rebuild(flat, reads)
+    t[-1]
+    assert reads == {2}
+    a, b, c = t
+    assert reads == {0, 1, 2} and layout.nested_positions() == {0, 1, 2}
 
 
 def test_compile_sizes_add_partitioned_artifacts(emulated_gpu):
