@@ -8,7 +8,8 @@ forward (`FirstForward`), driven by `PartitionedGraph`, which the backend calls.
 whole output tuple is handed to the next partition (SDPA's kernels return the output with its
 logsumexp, RNG state and more), which reads only some of it (`buf[0]`): the partition's first
 run records which elements it reads, and the others are passed as None from then on, so the
-graph neither copies nor checks them (on the H200 that saved 3 of the 4 copies per layer).
+graph neither copies nor checks them (on the H200 a 16-layer decode step's copies fell from
+82 to 18, as many as on the FX split).
 
     adapter = PartitionAdapter(partition, 0, 3, first_forward, make_wrapper, "partition_0")
     outs = adapter([x, 8])          # what Inductor's generated `call` does
