@@ -20,9 +20,11 @@ from torch._inductor.scheduler import BaseSchedulerNode, Scheduler
 import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
 from cgcompile.backend import partition
+from cgcompile.torch_features import SHARED_UNBACKED_BATCH
 from cgcompile.wrappers.partition_adapter import ArgLayout
 from tests.support.differential import check_every_batch_replays, check_llama_matches_eager
 from tests.support.models import SeqModel, dyn, fresh_model, silly_model
+from tests.support.requires import needs
 
 PARTITION = {"graph_runtime": "simulated", "use_inductor_graph_partition": True}
 SIZES = [1, 2, 4, 8]
@@ -108,7 +110,9 @@ def test_outputs_match_eager_across_batch_sizes(emulated_gpu, make_model, mode):
     assert counters.num_capture_failures == 0
 
 
-@pytest.mark.parametrize("batch", ["unbacked", "backed-hint"])
+@pytest.mark.parametrize(
+    "batch", [pytest.param("unbacked", marks=needs(SHARED_UNBACKED_BATCH)), "backed-hint"]
+)
 @pytest.mark.parametrize("mode", ["PIECEWISE", "FULL_AND_PIECEWISE"])
 def test_llama_matches_eager(emulated_gpu, mode, batch):
     last = max((g.report.graph_id for g in cgcompile.compiled_graphs()), default=-1)
@@ -125,6 +129,7 @@ def test_llama_matches_eager(emulated_gpu, mode, batch):
     assert graphs and all(g.report.compile_path == "Inductor partition" for g in graphs)
 
 
+@needs(SHARED_UNBACKED_BATCH)  # one graph holds every key, size 1 included
 def test_capture_all_captures_every_key_of_every_partition(emulated_gpu):
     f = compile_fn(
         silly_model, cudagraph_mode="FULL_AND_PIECEWISE", cudagraph_capture_sizes=[1, 2, 4]
