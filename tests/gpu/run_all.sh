@@ -40,6 +40,9 @@ run profile profile.log python benchmarks/profile_step.py
 # FULL_AND_PIECEWISE first this time: its mixed batches ran 2x slower when profiled second
 run profile profile-mixed.log python benchmarks/profile_step.py \
   --modes FULL_AND_PIECEWISE PIECEWISE --tokens 64 --mixed
+# not in the default stages: peers timed in turns in one process, for ratios to ~1%
+# (STAGES=interleaved; FULL against FULL_AND_PIECEWISE on both paths, decode 1-128 tokens)
+run interleaved interleaved.log python benchmarks/interleaved.py --out "$out"
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
 
