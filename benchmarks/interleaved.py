@@ -4,7 +4,8 @@ Between processes and device machines the same peer's step time moves by several
 (docs/BENCHMARKS.md), more than some targets allow (FULL_AND_PIECEWISE decode <= 1.01x FULL).
 This script compiles every peer once, in one process, on one model, then times them in turns:
 each round times one loop of `--steps` steps of every peer on a workload, in an order that
-rotates from round to round, so drift of the machine hits every peer alike. It reports each
+rotates from round to round, so drift of the machine hits every peer alike. Each peer's output
+is first checked against eager's, as in the decode benchmark. It reports each
 peer's median ms per step and, per round, the ratio of each peer to the first one: the median of
 those ratios is the figure to read.
 
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._cg_peers import CGCompileRun  # noqa: E402
 from benchmarks._harness import Bench, Settings, Workload  # noqa: E402
-from benchmarks._timing import Stopwatch, _loop_ms, sync  # noqa: E402
+from benchmarks._timing import Stopwatch, _loop_ms, compare, sync  # noqa: E402
 
 DEFAULT_PEERS = ("FULL", "FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE/partition")
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
@@ -138,6 +139,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runs = {
             spec: CGCompileRun(bench, peer_options(spec, hint), hint=hint) for spec in args.peers
         }
+        check = settings.check_workload
+        for spec, run in runs.items():  # each peer's first call against eager, as decode.py does
+            bench.reset_state()
+            result = compare(run.make_step(check)(), bench.reference, settings.tol)
+            results.setdefault("check", {})[spec] = result
+            if not result["ok"]:
+                raise SystemExit(f"{spec} differs from eager on {check.name}: {result}")
         for wl in workloads(args):
             per_round = time_in_turns(bench, runs, wl, args.rounds, args.steps)
             results["workloads"][wl.name] = {"per_round_ms": per_round, **summarise(per_round)}
