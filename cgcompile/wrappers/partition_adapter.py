@@ -102,7 +102,8 @@ class ArgLayout:
                 for a in args
             )
 
-    def flatten(self, args: list[Any]) -> tuple[Any, ...]:
+    def flatten(self, args: list[Any], unread: tuple[int, ...] = ()) -> tuple[Any, ...]:
+        """The flat args; tuple elements at `unread` positions become None."""
         if self.shape is None:
             return tuple(args) if self.spec is None else tuple(tree_flatten(args)[0])
         flat: list[Any] = []
@@ -111,6 +112,8 @@ class ArgLayout:
                 flat.append(arg)
             else:
                 flat.extend(arg)
+        for i in unread:
+            flat[i] = None
         return tuple(flat)
 
     def rebuild(self, flat: tuple[Any, ...], reads: set[int] | None = None) -> list[Any]:
@@ -210,10 +213,8 @@ class PartitionAdapter:
     def __call__(self, args: list[Any]) -> Any:
         if self.wrapper is None:
             self._wrap(args)
-        flat = self.layout.flatten(args)
+        flat = self.layout.flatten(args, self.unread)
         args.clear()
-        if self.unread:
-            flat = _blank(flat, self.unread)
         out = self.wrapper(*flat)
         if self.reads is not None:
             self._stop_recording()
@@ -245,13 +246,6 @@ class PartitionAdapter:
         self.wrapper.copy_arg_indices = tuple(
             i for i in self.wrapper.copy_arg_indices if i not in self.unread
         )
-
-
-def _blank(flat: tuple[Any, ...], positions: tuple[int, ...]) -> tuple[Any, ...]:
-    values = list(flat)
-    for i in positions:
-        values[i] = None
-    return tuple(values)
 
 
 class PartitionedGraph:
