@@ -9,11 +9,13 @@ is first checked against eager's, as in the decode benchmark. It reports each
 peer's median ms per step and, per round, the ratio of each peer to the first one: the median of
 those ratios is the figure to read.
 
-A peer is `MODE` (the FX split) or `MODE/partition` (`use_inductor_graph_partition=True`), with
+A peer is `MODE` (the FX split), `MODE/partition` (`use_inductor_graph_partition=True`) or
+`MODE/pieces` (the FX split with `full_graph_compile='pieces'`: FULL_AND_PIECEWISE's full graphs
+replay the split's pieces instead of a whole-graph compile), with
 Inductor pieces and the batch marked with `hint=` the largest capture size, as the decode
 benchmark's `cg/MODE/inductor/hint` and `cg/MODE/partition` peers.
 
-    python benchmarks/interleaved.py --out DIR        # FULL against FULL_AND_PIECEWISE, both paths
+    python benchmarks/interleaved.py --out DIR        # FULL against FULL_AND_PIECEWISE, each path
     python benchmarks/interleaved.py --out DIR --peers PIECEWISE PIECEWISE/partition --mixed
     python benchmarks/interleaved.py --out DIR --quick    # tiny model, CPU smoke test
 """
@@ -38,24 +40,33 @@ from benchmarks._cg_peers import CGCompileRun  # noqa: E402
 from benchmarks._harness import Bench, Settings, Workload  # noqa: E402
 from benchmarks._timing import Stopwatch, _loop_ms, compare, sync  # noqa: E402
 
-DEFAULT_PEERS = ("FULL", "FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE/partition")
+DEFAULT_PEERS = (
+    "FULL",
+    "FULL_AND_PIECEWISE",
+    "FULL_AND_PIECEWISE/partition",
+    "FULL_AND_PIECEWISE/pieces",
+)
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
 def peer_options(spec: str, max_capture_size: int) -> dict[str, Any]:
     mode, _, path = spec.partition("/")
-    if mode not in MODES or path not in ("", "partition"):
-        raise SystemExit(f"peer {spec!r}: expected MODE or MODE/partition, MODE one of {MODES}")
+    if mode not in MODES or path not in ("", "partition", "pieces"):
+        raise SystemExit(
+            f"peer {spec!r}: expected MODE, MODE/partition or MODE/pieces, MODE one of {MODES}"
+        )
     return {
         "cudagraph_mode": mode,
         "compiler": "inductor",
         "max_cudagraph_capture_size": max_capture_size,
         "use_inductor_graph_partition": path == "partition",
+        "full_graph_compile": "pieces" if path == "pieces" else "whole",
     }
 
 
 def workloads(args: argparse.Namespace) -> list[Workload]:
-    sizes = args.tokens or ([1, 4] if args.quick else [1, 8, 32, 128])
+    default = ([16] if args.quick else [64, 256, 1024]) if args.mixed else None
+    sizes = args.tokens or default or ([1, 4] if args.quick else [1, 8, 32, 128])
     return [Workload("mixed" if args.mixed else "decode", n) for n in sizes]
 
 
@@ -98,9 +109,11 @@ def summarise(per_round: dict[str, list[float]]) -> dict[str, dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", required=True, type=Path, help="folder for interleaved-results.json")
+    p.add_argument("--out", required=True, type=Path, help="folder for interleaved-{decode,mixed}.json")
     p.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS), help="the first is the base")
-    p.add_argument("--tokens", nargs="+", type=int, help="batch sizes (default 1 8 32 128)")
+    p.add_argument(
+        "--tokens", nargs="+", type=int, help="batch sizes (default 1 8 32 128; mixed 64 256 1024)"
+    )
     p.add_argument("--mixed", action="store_true", help="mixed batches (default: uniform decode)")
     p.add_argument("--rounds", type=int, default=30, help="timed loops per peer and workload")
     p.add_argument("--steps", type=int, default=10, help="steps per loop")
@@ -155,7 +168,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             print(f"{wl.name}: {row}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "interleaved-results.json").write_text(json.dumps(results, indent=1))
+    name = f"interleaved-{'mixed' if args.mixed else 'decode'}.json"
+    (args.out / name).write_text(json.dumps(results, indent=1))
     return results
 
 

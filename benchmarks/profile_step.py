@@ -7,11 +7,15 @@ to DIR for a closer look.
 
     python benchmarks/profile_step.py --modes PIECEWISE FULL --tokens 8 [--mixed] [--out DIR]
     python benchmarks/profile_step.py --modes PIECEWISE --paths fx partition fx partition
+    python benchmarks/profile_step.py --modes PIECEWISE --paths fx partition --python  # cProfile
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import sys
 import time
@@ -44,8 +48,27 @@ def host_and_device_ms(step, device: torch.device, n: int = 50) -> tuple[float, 
 PATHS = {"default": None, "partition": True, "fx": False}  # use_inductor_graph_partition
 
 
+def python_profile(step, n: int = 50, rows: int = 25) -> str:
+    """cProfile of `n` steps (host side): the Python functions the host time goes to."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        step()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(rows)
+    return f"-- cProfile of {n} steps, by own time\n{text.getvalue()}"
+
+
 def profile_mode(
-    model: Llama, mode: str, tokens: int, uniform: bool, out: Path | None, path: str = "default"
+    model: Llama,
+    mode: str,
+    tokens: int,
+    uniform: bool,
+    out: Path | None,
+    path: str = "default",
+    with_python: bool = False,
 ) -> str:
     torch._dynamo.reset()
     options = {
@@ -72,6 +95,8 @@ def profile_mode(
     if out is not None:
         prof.export_chrome_trace(str(out / f"trace-{mode}-{path}-{tokens}.json"))
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    if with_python:
+        table += "\n" + python_profile(step)
     head = (
         f"== {mode} ({path} path) tokens={tokens} uniform={uniform}: host {host:.3f} ms, "
         f"device {dev:.3f} ms"
@@ -93,6 +118,9 @@ def main() -> int:
         help="use_inductor_graph_partition per run: None, True or False; repeat a path to "
         "interleave runs (e.g. fx partition fx partition)",
     )
+    parser.add_argument(
+        "--python", action="store_true", help="add a cProfile of 50 steps (host Python time)"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("profile_step needs a CUDA GPU")
@@ -105,7 +133,9 @@ def main() -> int:
     with torch.no_grad():
         for mode in args.modes:
             for path in args.paths:
-                report = profile_mode(model, mode, args.tokens, not args.mixed, args.out, path)
+                report = profile_mode(
+                    model, mode, args.tokens, not args.mixed, args.out, path, args.python
+                )
                 print(report.splitlines()[0], flush=True)
                 reports.append(report)
     text = "\n\n".join(reports)

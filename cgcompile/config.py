@@ -140,7 +140,11 @@ _INT_FIELDS: dict[str, tuple[int, int, str]] = {
     "num_warmups": (0, MAX_WARMUPS, "e.g. 1 (the default)"),
 }
 """Int fields: (minimum, maximum, what to give instead)."""
-_CHOICES = {"compiler": ("inductor", "eager"), "graph_runtime": ("auto", "cuda", "simulated")}
+_CHOICES = {
+    "compiler": ("inductor", "eager"),
+    "graph_runtime": ("auto", "cuda", "simulated"),
+    "full_graph_compile": ("whole", "pieces"),
+}
 
 
 def default_capture_sizes(max_size: int) -> tuple[int, ...]:
@@ -174,6 +178,12 @@ class CompilationConfig:
     the FX split (torch >= 2.9.1, CUDA, compiler 'inductor'). True: where it cannot, the FX
     split is used with a WARNING; None: where available, falling back quietly (INFO); False
     (default): always the FX split."""
+    full_graph_compile: Literal["whole", "pieces"] = "whole"
+    """What FULL_AND_PIECEWISE's full graphs replay on the FX split with Inductor. 'whole'
+    (default): a second Inductor compile of the unsplit graph, fused across attention as in
+    FULL (one more compile at the first call); 'pieces': the piecewise graphs' compiled
+    pieces (no extra compile; decode steps a few percent slower). The partition path always
+    replays its one whole compile."""
     num_warmups: int = 1
     """Eager runs before each capture (allocator, autotuning, lazy init)."""
     graph_runtime: Literal["auto", "cuda", "simulated"] = "auto"

@@ -50,6 +50,9 @@ class Built:
     num_partitions: int = 0
     partition_fallback: str | None = None
     """Why Inductor's partition was asked for but not used."""
+    full_runnable: Callable[..., Any] | None = None
+    """What full graphs capture, if not `runnable`: FULL_AND_PIECEWISE's whole-graph compile
+    on the FX split (`full_graph_compile='whole'`)."""
     shapes_only: Callable[[], contextlib.AbstractContextManager[None]] | None = None
     """A context in which the eager splitting ops only compute shapes (`dry_run`), for
     recording PIECEWISE graphs without running anything; None where they cannot be replaced

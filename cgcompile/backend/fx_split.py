@@ -5,7 +5,10 @@ Steps of `build_split`:
    whole graph is one piece, so Inductor can fuse across attention;
 2. compile each capturable piece once, with the symbolic batch (`piece_compiler`);
 3. shadow each capturable submodule with its runner, wrapped PIECEWISE if the mode has
-   piecewise graphs; splitting pieces run eagerly.
+   piecewise graphs; splitting pieces run eagerly;
+4. FULL_AND_PIECEWISE with Inductor and `full_graph_compile='whole'`: compile the unsplit
+   graph too, for the full graphs, so a decode step replays the kernels FULL replays (fused
+   across attention, no buffers materialised at piece boundaries) for one more compile.
 
     built = build_split(request)      # a `BuildRequest`
     built.runnable(*args)
@@ -20,7 +23,7 @@ from cgcompile.backend.build import BuildRequest, Built
 from cgcompile.backend.dry_run import shapes_only
 from cgcompile.backend.piece_compiler import PieceRunner, compile_pieces, count_compilations
 from cgcompile.backend.report import PieceInfo
-from cgcompile.config import CUDAGraphMode
+from cgcompile.config import CompilationConfig, CUDAGraphMode
 from cgcompile.passes.op_match import OpMatcher
 from cgcompile.passes.split import SplitResult, split_graph
 from cgcompile.wrappers.partition_adapter import WrapperFactory
@@ -30,14 +33,7 @@ def build_split(request: BuildRequest) -> Built:
     mode, config = request.mode, request.config
     # Only piecewise graphs need the split; otherwise Inductor sees (and fuses) the whole graph.
     matcher = OpMatcher(request.specs if mode.requires_piecewise_compilation() else ())
-    split = split_graph(request.gm, matcher)
-    runners = compile_pieces(
-        split,
-        request.example_inputs,
-        config.compiler,
-        config.compile_sizes,
-        request.plan.batch_exprs,
-    )
+    split, runners = _compile(request, matcher)
     _install_pieces(split, runners, mode, request.make_wrapper, request.plan.static_tensors)
     counts = {
         "num_graphs_seen": 1,
@@ -45,6 +41,12 @@ def build_split(request: BuildRequest) -> Built:
         "num_piecewise_capturable_graphs_seen": len(split.capturable),
         "num_backend_compilations": count_compilations(runners),
     }
+    full_runnable = None
+    if wants_whole_full_graphs(config, mode) and split.splitting:
+        whole, whole_runners = _compile(request, OpMatcher(()))
+        _install_pieces(whole, whole_runners, CUDAGraphMode.FULL, request.make_wrapper, ())
+        full_runnable = whole.split_gm.forward
+        counts["num_backend_compilations"] += count_compilations(whole_runners)
     pieces = [
         PieceInfo(
             item.name,
@@ -55,7 +57,35 @@ def build_split(request: BuildRequest) -> Built:
         for item in split.items
     ]
     # forward: no nn.Module.__call__ per call
-    return Built(split.split_gm.forward, pieces, counts, shapes_only=partial(shapes_only, split))
+    return Built(
+        split.split_gm.forward,
+        pieces,
+        counts,
+        full_runnable=full_runnable,
+        shapes_only=partial(shapes_only, split),
+    )
+
+
+def wants_whole_full_graphs(config: CompilationConfig, mode: CUDAGraphMode) -> bool:
+    """Whether full graphs get a compile of their own (the piecewise ones replay the split)."""
+    return (
+        mode.has_full_cudagraphs()
+        and mode.has_piecewise_cudagraphs()
+        and config.compiler == "inductor"
+        and config.full_graph_compile == "whole"
+    )
+
+
+def _compile(request: BuildRequest, matcher: OpMatcher) -> tuple[SplitResult, dict[str, PieceRunner]]:
+    split = split_graph(request.gm, matcher)
+    runners = compile_pieces(
+        split,
+        request.example_inputs,
+        request.config.compiler,
+        request.config.compile_sizes,
+        request.plan.batch_exprs,
+    )
+    return split, runners
 
 
 def _install_pieces(

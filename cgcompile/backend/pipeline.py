@@ -9,8 +9,10 @@
    Inductor compiles the whole graph and partitions it (`partition`) where it can; otherwise,
    or when it cannot (logged at WARNING with the reason), the FX split (`fx_split`) compiles
    each piece; either way each piece or partition gets a PIECEWISE `CUDAGraphWrapper`;
-4. wrap the whole compiled graph in a FULL `CUDAGraphWrapper` if the mode has full graphs;
-   all wrappers share one graph runtime (one memory pool);
+4. wrap the whole compiled graph in a FULL `CUDAGraphWrapper` if the mode has full graphs
+   (FULL_AND_PIECEWISE on the FX split with Inductor: a second compile of the unsplit graph,
+   `full_graph_compile`, other calls passing through to the split); all wrappers share one
+   graph runtime (one memory pool);
 5. build the dispatcher's keys and return the runtime entry.
 Counters are updated only once all steps succeeded: Dynamo may restart analysis mid-way.
 """
@@ -44,7 +46,7 @@ from cgcompile.backend.preconditions import (
     unsplit_attention_of,
     with_pad_safety,
 )
-from cgcompile.backend.report import INDUCTOR_PARTITION, GraphReport, PieceInfo
+from cgcompile.backend.report import FX_SPLIT, INDUCTOR_PARTITION, GraphReport, PieceInfo
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
@@ -97,7 +99,7 @@ def compile_graph(
     built = _build(request, graph_id)
     runnable = built.runnable
     if mode.has_full_cudagraphs():
-        runnable = _full_wrapper(runnable, runtime, config, graph_id, plan)
+        runnable = _full_wrapper(runnable, built.full_runnable, runtime, config, graph_id, plan)
         wrappers.insert(0, runnable)
     dispatcher = CudagraphDispatcher(config, resolution.capture_sizes)
     dispatcher.initialize_cudagraph_keys(mode, config.uniform_decode_query_len)
@@ -112,21 +114,24 @@ def compile_graph(
 
 def _full_wrapper(
     runnable: Callable[..., Any],
+    full_runnable: Callable[..., Any] | None,
     runtime: GraphRuntime | None,
     config: CompilationConfig,
     graph_id: int,
     plan: InputPlan,
 ) -> CUDAGraphWrapper:
-    """The FULL wrapper around the whole compiled graph; parameters and buffers are the graph
-    inputs whose addresses the backend checks by instance, not per replay."""
+    """The FULL wrapper around the whole compiled graph (`full_runnable` where full graphs
+    have a compile of their own; other calls then run `runnable`); parameters and buffers are
+    the graph inputs whose addresses the backend checks by instance, not per replay."""
     return CUDAGraphWrapper(
-        runnable,
+        full_runnable or runnable,
         CUDAGraphMode.FULL,
         runtime,
         name=f"graph{graph_id}.full",
         num_warmups=config.num_warmups,
         fixed_arg_indices=plan.static_tensors,
         weak_output=True,
+        passthrough=None if full_runnable is None else runnable,
     )
 
 
@@ -277,7 +282,14 @@ def _report(
         compile_path=built.path,
         num_partitions=built.num_partitions,
         partition_fallback=built.partition_fallback,
+        full_graph_compile=_full_graph_compile(resolution.mode, built),
     )
+
+
+def _full_graph_compile(mode: CUDAGraphMode, built: Built) -> str | None:
+    if not (mode.has_full_cudagraphs() and mode.has_piecewise_cudagraphs()):
+        return None
+    return "pieces" if built.path == FX_SPLIT and built.full_runnable is None else "whole"
 
 
 def _log_resolution(

@@ -12,6 +12,12 @@ FX_SPLIT = "FX split"
 INDUCTOR_PARTITION = "Inductor partition"
 
 
+_FULL_GRAPHS = {
+    "whole": "a compile of the whole graph (fused across attention)",
+    "pieces": "the pieces of the split",
+}
+
+
 @dataclasses.dataclass
 class PieceInfo:
     name: str
@@ -42,6 +48,9 @@ class GraphReport:
     """Partitions Inductor formed and cgcompile wrapped (Inductor partition path only)."""
     partition_fallback: str | None = None
     """Why `use_inductor_graph_partition` (True or None) did not give the partition path."""
+    full_graph_compile: str | None = None
+    """FULL_AND_PIECEWISE: what its full graphs replay: 'whole' (a compile of the unsplit graph,
+    the partition path's or `full_graph_compile='whole'`) or 'pieces' (the split's pieces)."""
     num_eager_fallbacks: int = 0
     captured: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     """Graph keys captured so far, per runtime mode."""
@@ -58,6 +67,8 @@ class GraphReport:
             f"  attention: {self.attention_ops or 'none'} -> support {self.attention_support}",
             f"  {self._format_path()}, compiled in {self.compile_seconds:.2f}s",
         ]
+        if self.full_graph_compile:
+            lines.append(f"  full graphs replay: {_FULL_GRAPHS[self.full_graph_compile]}")
         if self.partition_fallback:
             lines.append(f"  partition not used: {self.partition_fallback}")
         lines += [f"  downgrade: {r}" for r in self.reasons]

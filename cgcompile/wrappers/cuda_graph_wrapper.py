@@ -55,7 +55,9 @@ class CUDAGraphWrapper:
     """Wraps `runnable`; in its runtime mode, replays a graph per key instead of calling it.
 
     Per call (`__call__`):
-    1. no forward context, or its runtime mode is NONE or another mode: call `runnable`;
+    1. no forward context, or its runtime mode is NONE or another mode: call `passthrough`
+       (default: `runnable`; FULL_AND_PIECEWISE's FULL wrapper captures a whole-graph compile
+       and passes other calls to the split one);
     2. key = the context's `graph_key` (batch descriptor, the forward's dynamic sizes, module
        instance), built once per forward, else (batch descriptor, this call's int args,
        instance);
@@ -90,6 +92,7 @@ class CUDAGraphWrapper:
         copy_arg_indices: Sequence[int] = (),
         fixed_arg_indices: Sequence[int] = (),
         weak_output: bool = False,
+        passthrough: Callable[..., Any] | None = None,
     ) -> None:
         if runtime_mode not in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
             raise ConfigError(
@@ -99,6 +102,8 @@ class CUDAGraphWrapper:
         if num_warmups < 0:
             raise ConfigError(f"num_warmups must be >= 0, got {num_warmups}")
         self.runnable = runnable
+        self.passthrough = passthrough
+        """What calls in another runtime mode run, if not `runnable`."""
         self.runtime_mode = runtime_mode
         self.runtime = runtime
         self.name = name
@@ -139,6 +144,8 @@ class CUDAGraphWrapper:
         ctx = current_forward_context()
         # self.runtime_mode is never NONE, so this also passes NONE through
         if ctx is None or ctx.cudagraph_runtime_mode is not self.runtime_mode:
+            if self.passthrough is not None:
+                return self.passthrough(*args)
             self.ran = True
             return self.runnable(*args)
         key = ctx.graph_key or self._key(ctx, args)

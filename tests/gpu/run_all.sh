@@ -40,9 +40,15 @@ run profile profile.log python benchmarks/profile_step.py
 # FULL_AND_PIECEWISE first this time: its mixed batches ran 2x slower when profiled second
 run profile profile-mixed.log python benchmarks/profile_step.py \
   --modes FULL_AND_PIECEWISE PIECEWISE --tokens 64 --mixed
+# not in the default stages: host Python time of a PIECEWISE step on both paths (STAGES=paths)
+run paths paths.log python benchmarks/profile_step.py --modes PIECEWISE --paths fx partition \
+  --python --out "$out/paths"
 # not in the default stages: peers timed in turns in one process, for ratios to ~1%
-# (STAGES=interleaved; FULL against FULL_AND_PIECEWISE on both paths, decode 1-128 tokens)
+# (STAGES=interleaved: FULL against FULL_AND_PIECEWISE on each path, decode 1-128 tokens;
+# PIECEWISE on both paths, mixed batches of 64-1024 tokens)
 run interleaved interleaved.log python benchmarks/interleaved.py --out "$out"
+run interleaved interleaved-mixed.log python benchmarks/interleaved.py --out "$out" --mixed \
+  --peers PIECEWISE PIECEWISE/partition
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
 
