@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import statistics
 import sys
@@ -48,17 +49,52 @@ def host_and_device_ms(step, device: torch.device, n: int = 50) -> tuple[float, 
 PATHS = {"default": None, "partition": True, "fx": False}  # use_inductor_graph_partition
 
 
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds used so far by each thread of this process (Linux), by 'tid name'."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        seconds[f"{task.name} {name}"] = (int(fields[11]) + int(fields[12])) / tick
+    return seconds
+
+
+def op_cost_us(n: int = 2000) -> str:
+    """Host cost of two cheap ops outside any step: a process-wide slowdown shows here."""
+    x = torch.randn(64, 64, device="cuda")
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x.t()
+    t1 = time.perf_counter()
+    for _ in range(n):
+        torch.empty(256, device="cuda")
+    t2 = time.perf_counter()
+    return f"transpose {(t1 - t0) / n * 1e6:.2f} us, empty {(t2 - t1) / n * 1e6:.2f} us"
+
+
 def python_profile(step, n: int = 50, rows: int = 25) -> str:
-    """cProfile of `n` steps (host side): the Python functions the host time goes to."""
+    """cProfile of `n` steps (host side): the Python functions the host time goes to, the
+    threads that used CPU meanwhile, and the cost of cheap ops outside a step."""
     profiler = cProfile.Profile()
+    before = thread_cpu_seconds()
     profiler.enable()
     for _ in range(n):
         step()
     profiler.disable()
     torch.cuda.synchronize()
+    after = thread_cpu_seconds()
+    busy = sorted(((after[t] - before.get(t, 0.0), t) for t in after), reverse=True)[:4]
+    threads = ", ".join(f"{t}: {s:.2f}s" for s, t in busy)
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(rows)
-    return f"-- cProfile of {n} steps, by own time\n{text.getvalue()}"
+    return (
+        f"-- threads' CPU during {n} steps: {threads}\n-- outside a step: {op_cost_us()}\n"
+        f"-- cProfile of {n} steps, by own time\n{text.getvalue()}"
+    )
 
 
 def profile_mode(

@@ -170,6 +170,22 @@ class CUDAGraphWrapper:
         self._verify(entry, args)
         return self._replay(entry, args)
 
+    def ready_entry(self) -> GraphEntry | None:
+        """The graph this call replays with nothing left to check (automatic dispatch, a key
+        replayed before), else None. A caller holding the args in another form (Inductor's
+        list, `PartitionAdapter`) then copies them into `static_inputs` itself and replays,
+        as the steady state of `__call__` does."""
+        ctx = current_forward_context()
+        if (
+            ctx is None
+            or ctx.cudagraph_runtime_mode is not self.runtime_mode
+            or ctx.graph_key is None
+            or ctx.capture_only
+        ):
+            return None
+        entry = self.entries.get(ctx.graph_key)
+        return entry if entry is not None and entry.verified else None
+
     def _key(self, ctx: ForwardContext, args: tuple[Any, ...]) -> GraphKey:
         """The key of a call without a context-wide shape key: the call's own int args."""
         # the runnable's signature is fixed (a compiled graph), so int positions never move

@@ -41,7 +41,7 @@ run profile profile.log python benchmarks/profile_step.py
 run profile profile-mixed.log python benchmarks/profile_step.py \
   --modes FULL_AND_PIECEWISE PIECEWISE --tokens 64 --mixed
 # not in the default stages: host Python time of a PIECEWISE step on both paths (STAGES=paths)
-run paths paths.log python benchmarks/profile_step.py --modes PIECEWISE --paths fx partition \
+run paths paths.log python benchmarks/profile_step.py --modes PIECEWISE --paths fx partition partition fx \
   --python --out "$out/paths"
 # not in the default stages: peers timed in turns in one process, for ratios to ~1%
 # (STAGES=interleaved: FULL against FULL_AND_PIECEWISE on each path, decode 1-128 tokens;
