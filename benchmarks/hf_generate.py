@@ -8,10 +8,12 @@ tokens, greedy. HF runs the prefill without compile and every decode step throug
 compiled forward, which writes the static cache and its length counter in place. cgcompile
 peers run inside `batch_hint(uniform_decode=True)`: every compiled call is a decode step.
 
-Per peer: the first generate (compile, warm-up, capture) timed alone; then medians of
-`generate(max_new_tokens=N)` and of `generate(max_new_tokens=1)` (prefill only) over repeats,
-timed with CUDA events; ms per new token = (t_N - t_1) / (N - 1). Tokens are compared with
-eager's (bf16 kernels may round differently, so a late divergence is reported, not failed).
+Each peer has its own copy of the model (same weights). Per peer: the first generate
+(compile, warm-up, capture) timed alone; then, in rounds where the peers take turns in a
+rotating order (machine drift hits every peer alike), `generate(max_new_tokens=N)` and
+`generate(max_new_tokens=1)` (prefill only), timed with CUDA events; ms per new token = median
+over rounds of (t_N - t_1) / (N - 1). Tokens are compared with eager's (bf16 kernels may round
+differently, so a late divergence is reported, not failed).
 
     python benchmarks/hf_generate.py --out DIR            # the H200 run (~3 min)
     python benchmarks/hf_generate.py --out DIR --quick    # tiny config, CPU or GPU
@@ -93,29 +95,35 @@ def timed_generate(model: Any, prompts: torch.Tensor, peer: str, new_tokens: int
     return out, (time.perf_counter() - began) * 1e3
 
 
-def run_peer(model: Any, prompts: torch.Tensor, peer: str, args: argparse.Namespace) -> dict:
-    torch._dynamo.reset()
-    for attr in ("_compiled_call", "_last_compile_config"):
-        if hasattr(model, attr):
-            delattr(model, attr)
+def first_generate(model: Any, prompts: torch.Tensor, peer: str, args: argparse.Namespace) -> dict:
+    """The peer's first generate (compile, warm-up, capture), timed alone."""
     _, first_ms = timed_generate(model, prompts, peer, args.new_tokens)
-    full, prefill = [], []
-    tokens = None
-    for _ in range(args.repeats):
-        tokens, ms = timed_generate(model, prompts, peer, args.new_tokens)
-        full.append(ms)
-        prefill.append(timed_generate(model, prompts, peer, 1)[1])
-    per_token = (statistics.median(full) - statistics.median(prefill)) / (args.new_tokens - 1)
-    result = {
-        "first_generate_s": first_ms / 1e3,
-        "generate_ms_median": statistics.median(full),
-        "prefill_ms_median": statistics.median(prefill),
-        "ms_per_token": per_token,
-        "tokens": tokens.tolist(),
-    }
-    if peer.startswith("cg/"):
-        result["graphs"] = [g.format_report() for g in cgcompile.compiled_graphs()]
-    return result
+    return {"first_generate_s": first_ms / 1e3}
+
+
+def time_in_turns(
+    models: dict[str, Any], prompts: torch.Tensor, results: dict, args: argparse.Namespace
+) -> None:
+    """Per round, each peer's generate(N) and generate(1) in a rotating order, so drift of the
+    machine hits every peer alike; medians over rounds."""
+    peers = [p for p in models if "error" not in results[p]]
+    full: dict[str, list[float]] = {p: [] for p in peers}
+    prefill: dict[str, list[float]] = {p: [] for p in peers}
+    for r in range(args.repeats):
+        for peer in peers[r % len(peers) :] + peers[: r % len(peers)]:
+            tokens, ms = timed_generate(models[peer], prompts, peer, args.new_tokens)
+            full[peer].append(ms)
+            prefill[peer].append(timed_generate(models[peer], prompts, peer, 1)[1])
+            results[peer]["tokens"] = tokens.tolist()
+    for peer in peers:
+        per_token = statistics.median(
+            (f - p) / (args.new_tokens - 1) for f, p in zip(full[peer], prefill[peer], strict=True)
+        )
+        results[peer].update(
+            generate_ms_median=statistics.median(full[peer]),
+            prefill_ms_median=statistics.median(prefill[peer]),
+            ms_per_token=per_token,
+        )
 
 
 def main() -> int:
@@ -123,22 +131,27 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7, help="rounds of timed generates")
     parser.add_argument("--peers", nargs="*", default=list(PEERS))
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    model = make_model(args.quick, device, dtype)
+    torch._dynamo.config.recompile_limit = 64  # every peer's model shares forward's code
+    models = {peer: make_model(args.quick, device, dtype) for peer in args.peers}  # same weights
     g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(1, model.config.vocab_size, (4, 32), generator=g).to(device)
+    vocab = next(iter(models.values())).config.vocab_size
+    prompts = torch.randint(1, vocab, (4, 32), generator=g).to(device)
     results: dict[str, Any] = {}
-    for peer in args.peers:
-        print(f"[hf_generate] {peer} ...", flush=True)
+    for peer, model in models.items():
+        print(f"[hf_generate] {peer}: first generate ...", flush=True)
         try:
-            results[peer] = run_peer(model, prompts, peer, args)
+            results[peer] = first_generate(model, prompts, peer, args)
         except Exception as e:  # one failing peer must not end the run
             results[peer] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+    print(f"[hf_generate] {args.repeats} rounds, peers in turns ...", flush=True)
+    time_in_turns(models, prompts, results, args)
     report = summarize(results, args, device, dtype)
+    report["graphs"] = [g.format_report() for g in cgcompile.compiled_graphs()]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "hf-generate-results.json").write_text(json.dumps(report, indent=1))
     print(report["table"])
