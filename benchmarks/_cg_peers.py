@@ -81,6 +81,7 @@ def run_cgcompile(
     skip_module_guards: bool = False,
     hint: bool = False,
     partition: bool | None = None,
+    pieces: bool = False,
 ) -> Results:
     """One cgcompile peer; `skip_module_guards` passes torch's
     `guard_filter_fn=torch.compiler.skip_guard_on_all_nn_modules_unsafe` (Dynamo then checks
@@ -89,7 +90,9 @@ def run_cgcompile(
     with `hint=` the largest capture size, so Inductor tunes the dynamic graph for it.
     `partition` (with the hint) picks the path: True, Inductor's graph partition
     (`cg/MODE/partition`); False, the FX split (`cg/MODE/fx-split`); None, the default (the
-    partition where available)."""
+    partition where available). `pieces` (FX split, with the hint): FULL_AND_PIECEWISE's full
+    graphs replay the split's pieces (`full_graph_compile='pieces'`, `cg/MODE/pieces`) instead
+    of a whole-graph compile of their own."""
     options: dict[str, Any] = {
         "cudagraph_mode": mode,
         "compiler": compiler,
@@ -99,11 +102,14 @@ def run_cgcompile(
     if partition is not None:
         name, hint = f"cg/{mode}/{'partition' if partition else 'fx-split'}", True
         options["use_inductor_graph_partition"] = partition
+    if pieces:
+        name, hint = f"cg/{mode}/pieces", True
+        options.update(use_inductor_graph_partition=False, full_graph_compile="pieces")
     if skip_module_guards:
         name += "/skip-module-guards"
         options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     described = {k: getattr(v, "__name__", v) for k, v in options.items()}
-    if hint and partition is None:
+    if hint and partition is None and not pieces:
         name += "/hint"
     if hint:
         described["mark_dynamic_batch(hint=)"] = bench.s.max_capture_size

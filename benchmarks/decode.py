@@ -188,6 +188,9 @@ def jobs(bench: Bench) -> list[tuple[tuple[str, ...], Callable[[], Results]]]:
             for path, partition in (("partition", True), ("fx-split", False)):
                 job = lambda m=mode, p=partition: run_cgcompile(bench, m, "inductor", partition=p)  # noqa: E731
                 listed.append(((f"cg/{mode}/{path}",), job))
+    if "FULL_AND_PIECEWISE" in bench.s.modes and "inductor" in bench.s.compilers:
+        job = lambda: run_cgcompile(bench, "FULL_AND_PIECEWISE", "inductor", pieces=True)  # noqa: E731
+        listed.append((("cg/FULL_AND_PIECEWISE/pieces",), job))
     listed.append((("kernel_floor",), lambda: run_kernel_floor(bench)))
     return listed
 
