@@ -7,7 +7,8 @@ buffers and inputs keep their values. Inductor's partitioned code has no stand-i
 PIECEWISE keys are recorded only when the graph writes no state, else left to lazy capture.
 PIECEWISE keys first, then FULL, each largest first so smaller graphs reuse the pool blocks of
 larger ones; the garbage collector is frozen meanwhile. A key whose capture fails is left to
-lazy capture (which warms up first).
+lazy capture (which warms up first), as are all keys of a runtime mode whose compiled code has
+never run (one WARNING saying which call to make first).
 
     captured = capture_graphs(graph, progress=False)
 """
@@ -56,6 +57,8 @@ def capture_graphs(graph: CompiledGraph, progress: bool) -> int:
             f"reuses that call's parameters and input layout"
         )
     keys = [(m, d) for m, descs in graph.dispatcher.get_capture_descs() for d in descs]
+    unready = _unready_modes(graph)
+    keys = [(m, d) for m, d in keys if m not in unready]
     todo = [(slot, args, mode, desc) for slot, args in examples for mode, desc in keys]
     before = counters.num_cudagraph_captured
     gc.collect()
@@ -69,6 +72,29 @@ def capture_graphs(graph: CompiledGraph, progress: bool) -> int:
     captured = counters.num_cudagraph_captured - before
     logger.info("graph %d: captured %d graphs for %d keys", graph_id, captured, len(todo))
     return captured
+
+
+def _unready_modes(graph: CompiledGraph) -> set[CUDAGraphMode]:
+    """Runtime modes with a wrapper whose callable never ran: a compiled kernel's first run
+    cannot happen inside a capture, so their keys are left to lazy capture (one WARNING).
+    FULL_AND_PIECEWISE with a whole-graph compile for its full graphs needs one decode call
+    (full graphs) and one mixed call (pieces) before everything can be captured ahead."""
+    unready: dict[CUDAGraphMode, str] = {}
+    for wrapper in graph.wrappers:
+        if not wrapper.ran and wrapper.runtime_mode not in unready:
+            unready[wrapper.runtime_mode] = wrapper.name
+    for mode, name in unready.items():
+        batch = "uniform decode batch (inside cgcompile.batch_hint(uniform_decode=True))"
+        logger.warning(
+            "graph %d: capture_all leaves its %s graphs to lazy capture: %s has not run yet, and "
+            "a compiled kernel's first run cannot be a capture; call the model once with a %s "
+            "first",
+            graph.report_id,
+            mode,
+            name,
+            batch if mode == CUDAGraphMode.FULL else "mixed batch (no decode hint)",
+        )
+    return set(unready)
 
 
 def _capture_key(

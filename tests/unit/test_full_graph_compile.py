@@ -89,3 +89,25 @@ def test_bad_value_is_a_config_error():
 def test_stateful_step_changes_state_once_per_call(setting):
     """KV-cache writes and a step counter in the graph, decode and mixed batches, padded."""
     run_against_eager("FULL_AND_PIECEWISE", "inductor", full_graph_compile=setting)
+
+
+@needs(SHARED_UNBACKED_BATCH)
+@pytest.mark.parametrize(("decode", "left"), [(False, "FULL"), (True, "PIECEWISE")])
+def test_capture_all_names_the_call_still_missing(caplog, decode, left):
+    """One kind of batch seen: the other kind's compiled code never ran, so its keys are left
+    to lazy capture with one warning saying which call to make; the seen kind is captured."""
+    f = compile_silly(compiler="inductor")
+    call(f, 4, decode=decode)
+    with caplog.at_level("WARNING", logger="cgcompile"):
+        captured = cgcompile.capture_all(progress=False)
+    warnings = [r.getMessage() for r in caplog.records if "lazy capture" in r.getMessage()]
+    assert len(warnings) == 1 and f"its {left} graphs" in warnings[0]
+    assert ("uniform decode batch" in warnings[0]) == (left == "FULL")
+    graph = cgcompile.compiled_graphs()[-1]
+    seen = "FULL" if decode else "PIECEWISE"
+    assert graph.report.captured.get(left, []) == []
+    assert len(graph.report.captured[seen]) == 3  # sizes 1, 2, 4
+    assert captured == 3 * (1 if decode else 3)  # per size: one full graph, or three pieces
+    for n in (1, 2, 3, 4):  # the rest is captured on first use; outputs stay right
+        for d in (True, False):
+            call(f, n, d)
