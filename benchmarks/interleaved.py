@@ -109,7 +109,9 @@ def summarise(per_round: dict[str, list[float]]) -> dict[str, dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", required=True, type=Path, help="folder for interleaved-{decode,mixed}.json")
+    p.add_argument(
+        "--out", required=True, type=Path, help="folder for interleaved-{decode,mixed}.json"
+    )
     p.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS), help="the first is the base")
     p.add_argument(
         "--tokens", nargs="+", type=int, help="batch sizes (default 1 8 32 128; mixed 64 256 1024)"

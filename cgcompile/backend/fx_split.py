@@ -76,7 +76,9 @@ def wants_whole_full_graphs(config: CompilationConfig, mode: CUDAGraphMode) -> b
     )
 
 
-def _compile(request: BuildRequest, matcher: OpMatcher) -> tuple[SplitResult, dict[str, PieceRunner]]:
+def _compile(
+    request: BuildRequest, matcher: OpMatcher
+) -> tuple[SplitResult, dict[str, PieceRunner]]:
     split = split_graph(request.gm, matcher)
     runners = compile_pieces(
         split,

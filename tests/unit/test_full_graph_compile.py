@@ -8,9 +8,9 @@ import torch
 
 import cgcompile
 from cgcompile.counters import counters
+from cgcompile.torch_features import SHARED_UNBACKED_BATCH
 from tests.support.models import dyn, silly_closed_form, silly_model
 from tests.support.requires import needs
-from cgcompile.torch_features import SHARED_UNBACKED_BATCH
 from tests.support.state import run_against_eager
 
 SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [1, 2, 4]}
