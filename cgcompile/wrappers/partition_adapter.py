@@ -198,8 +198,8 @@ class PartitionAdapter:
     Steady state (automatic dispatch, a key replayed before: `CUDAGraphWrapper.ready_entry`):
     copy the graph's copied-in args straight from the list and replay; no flat tuple is
     built, no second call made (on the H200, PIECEWISE mixed steps of 64 and 256 tokens on
-    the partition path went from 1.23x and 1.17x the FX split's time to 1.03x and 1.01x, in
-    runs on two machines).
+    the partition path went from 1.23x and 1.17x the FX split's time to 0.98-1.03x over three
+    runs).
     """
 
     def __init__(
