@@ -5,6 +5,8 @@
 # $OUT or ./out); a short summary is printed last. STAGES picks a subset (e.g.
 # STAGES="tests quickstart") to fit a time limit.
 #   bash tests/gpu/run_all.sh "$OUT" [benchmark args, e.g. --quick]
+# On a copied checkout whose git metadata may be stale, give the commit yourself:
+#   CGCOMPILE_COMMIT=abc1234 bash tests/gpu/run_all.sh "$OUT"   (the tree digest is printed too)
 set -uo pipefail
 out="${1:-${OUT:-out}}"; shift || true
 stages="${STAGES:-tests quickstart bench hf profile}"
