@@ -57,3 +57,9 @@ class Built:
     """A context in which the eager splitting ops only compute shapes (`dry_run`), for
     recording PIECEWISE graphs without running anything; None where they cannot be replaced
     (inside Inductor's partitioned code)."""
+
+    def full_graph_compile(self, mode: CUDAGraphMode) -> str | None:
+        """What the full graphs of a mode with both kinds replay: 'whole' or 'pieces'."""
+        if not (mode.has_full_cudagraphs() and mode.has_piecewise_cudagraphs()):
+            return None
+        return "pieces" if self.path == FX_SPLIT and self.full_runnable is None else "whole"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -46,7 +46,8 @@ from cgcompile.backend.preconditions import (
     unsplit_attention_of,
     with_pad_safety,
 )
-from cgcompile.backend.report import FX_SPLIT, INDUCTOR_PARTITION, GraphReport, PieceInfo
+from cgcompile.backend.report import INDUCTOR_PARTITION, GraphReport, PieceInfo
+from cgcompile.backend.wrapping import full_wrapper, piecewise_factory
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
@@ -54,8 +55,7 @@ from cgcompile.errors import ConfigError
 from cgcompile.passes.mutation import find_mutated_inputs
 from cgcompile.passes.op_match import OpMatcher, unknown_op_names
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
-from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime, make_graph_runtime
-from cgcompile.wrappers.partition_adapter import WrapperFactory
+from cgcompile.wrappers import CUDAGraphWrapper, make_graph_runtime
 
 logger = logging.getLogger(__name__)
 _graph_ids = itertools.count()
@@ -94,12 +94,12 @@ def compile_graph(
         check_batch_dims(example_inputs, plan, mode)
     runtime = make_graph_runtime(runtime_kind, device) if mode != CUDAGraphMode.NONE else None
     wrappers: list[CUDAGraphWrapper] = []
-    make_wrapper = _piecewise_factory(runtime, config, graph_id, wrappers)
+    make_wrapper = piecewise_factory(runtime, config, graph_id, wrappers)
     request = BuildRequest(gm, example_inputs, config, plan, mode, specs, make_wrapper)
     built = _build(request, graph_id)
     runnable = built.runnable
     if mode.has_full_cudagraphs():
-        runnable = _full_wrapper(runnable, built.full_runnable, runtime, config, graph_id, plan)
+        runnable = full_wrapper(runnable, built.full_runnable, runtime, config, graph_id, plan)
         wrappers.insert(0, runnable)
     dispatcher = CudagraphDispatcher(config, resolution.capture_sizes)
     dispatcher.initialize_cudagraph_keys(mode, config.uniform_decode_query_len)
@@ -110,29 +110,6 @@ def compile_graph(
     _log_resolution(graph_id, resolution, attention, built)
     shapes_only, traced = built.shapes_only, gm.forward
     return CompiledGraph(runnable, dispatcher, plan, report, wrappers, runtime, shapes_only, traced)
-
-
-def _full_wrapper(
-    runnable: Callable[..., Any],
-    full_runnable: Callable[..., Any] | None,
-    runtime: GraphRuntime | None,
-    config: CompilationConfig,
-    graph_id: int,
-    plan: InputPlan,
-) -> CUDAGraphWrapper:
-    """The FULL wrapper around the whole compiled graph (`full_runnable` where full graphs
-    have a compile of their own; other calls then run `runnable`); parameters and buffers are
-    the graph inputs whose addresses the backend checks by instance, not per replay."""
-    return CUDAGraphWrapper(
-        full_runnable or runnable,
-        CUDAGraphMode.FULL,
-        runtime,
-        name=f"graph{graph_id}.full",
-        num_warmups=config.num_warmups,
-        fixed_arg_indices=plan.static_tensors,
-        weak_output=True,
-        passthrough=None if full_runnable is None else runnable,
-    )
 
 
 def _warn_unknown_ops(graph_id: int, config: CompilationConfig, targets: list[Any]) -> None:
@@ -221,38 +198,6 @@ def _capture_sizes(config: CompilationConfig, plan: InputPlan) -> tuple[int, ...
     return sizes
 
 
-def _piecewise_factory(
-    runtime: GraphRuntime | None,
-    config: CompilationConfig,
-    graph_id: int,
-    made: list[CUDAGraphWrapper],
-) -> WrapperFactory:
-    """How both paths wrap a piece or partition PIECEWISE; each wrapper is kept for reports."""
-
-    def make(
-        runnable: Callable[..., Any],
-        *,
-        name: str,
-        copy_arg_indices: Sequence[int] = (),
-        fixed_arg_indices: Sequence[int] = (),
-        weak_output: bool = False,
-    ) -> CUDAGraphWrapper:
-        wrapper = CUDAGraphWrapper(
-            runnable,
-            CUDAGraphMode.PIECEWISE,
-            runtime,
-            name=f"graph{graph_id}.{name}",
-            num_warmups=config.num_warmups,
-            copy_arg_indices=copy_arg_indices,
-            fixed_arg_indices=fixed_arg_indices,
-            weak_output=weak_output,
-        )
-        made.append(wrapper)
-        return wrapper
-
-    return make
-
-
 def _count(deltas: dict[str, int]) -> None:
     for name, delta in deltas.items():
         setattr(counters, name, getattr(counters, name) + delta)
@@ -282,14 +227,8 @@ def _report(
         compile_path=built.path,
         num_partitions=built.num_partitions,
         partition_fallback=built.partition_fallback,
-        full_graph_compile=_full_graph_compile(resolution.mode, built),
+        full_graph_compile=built.full_graph_compile(resolution.mode),
     )
-
-
-def _full_graph_compile(mode: CUDAGraphMode, built: Built) -> str | None:
-    if not (mode.has_full_cudagraphs() and mode.has_piecewise_cudagraphs()):
-        return None
-    return "pieces" if built.path == FX_SPLIT and built.full_runnable is None else "whole"
 
 
 def _log_resolution(

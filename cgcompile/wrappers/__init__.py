@@ -7,7 +7,8 @@ The backend makes one runtime per compiled model and wraps each piece (and the w
 """
 
 from cgcompile.wrappers.cuda import CapturedCUDAGraph, CUDAGraphRuntime, weak_ref_tensors
-from cgcompile.wrappers.cuda_graph_wrapper import CUDAGraphWrapper, GraphEntry, GraphKey
+from cgcompile.wrappers.cuda_graph_wrapper import CUDAGraphWrapper
+from cgcompile.wrappers.graph_entry import GraphEntry, GraphKey
 from cgcompile.wrappers.runtime import CapturedGraph, GraphRuntime, make_graph_runtime
 from cgcompile.wrappers.simulated import SimulatedGraph, SimulatedGraphRuntime, poison_value
 

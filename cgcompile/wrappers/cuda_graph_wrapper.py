@@ -11,7 +11,6 @@ each piece inside it, only the one whose mode matches captures and replays.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -22,33 +21,11 @@ import torch
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.errors import CaptureError, ConfigError
-from cgcompile.forward_context import BatchDescriptor, ForwardContext, current_forward_context
-from cgcompile.wrappers.runtime import CapturedGraph, GraphRuntime
+from cgcompile.forward_context import ForwardContext, current_forward_context
+from cgcompile.wrappers.graph_entry import GraphEntry, GraphKey
+from cgcompile.wrappers.runtime import GraphRuntime
 
 logger = logging.getLogger(__name__)
-
-GraphKey = tuple[BatchDescriptor | None, tuple[int, ...], int]
-"""(batch descriptor, dynamic sizes, module instance): the sizes are the forward context's
-`shape_key`, else the call's int args, which carry the run-time values of symbolic sizes;
-graphs for different non-batch sizes or module instances never mix."""
-
-
-@dataclasses.dataclass
-class GraphEntry:
-    """One captured graph and what its replays rely on."""
-
-    key: GraphKey
-    graph: CapturedGraph
-    input_layout: dict[int, tuple[int, torch.Size]]
-    """Arg position -> (data_ptr, shape) the graph reads, for args not copied in."""
-    static_inputs: tuple[tuple[int, torch.Tensor], ...]
-    """(arg position, buffer owned by the entry) for copy_arg_indices; args are copied in."""
-    capture_seconds: float
-    verified: bool = False
-    """Set once the first replay after capture found the inputs where the graph reads them."""
-    addresses: tuple[tuple[int, int], ...] = ()
-    """(arg position, data_ptr) that every replay in manual mode checks: the non-empty args of
-    `input_layout` (an empty tensor has no data to read) but the wrapper's fixed args."""
 
 
 class CUDAGraphWrapper:

@@ -151,15 +151,7 @@ class ArgLayout:
 
     def nested_positions(self) -> frozenset[int]:
         """Flat positions of the elements of containers (one level of nesting)."""
-        if self.shape is None:
-            return frozenset()
-        positions, i = set(), 0
-        for shape in self.shape:
-            n = 1 if shape is None else shape[1]
-            if shape is not None:
-                positions.update(range(i, i + n))
-            i += n
-        return frozenset(positions)
+        return frozenset(i for i, (_, j) in enumerate(self.sources or ()) if j >= 0)
 
 
 class _ReadTuple(tuple):
