@@ -32,7 +32,17 @@ _REGISTRY: dict[str | Callable[..., Any], AttentionCGSupport] = {
 def register_attention_op(
     op: Any, cudagraph_support: AttentionCGSupport | str = AttentionCGSupport.NEVER
 ) -> None:
-    """Declare `op` ("ns::op", an op object or a callable) as attention with its graph support."""
+    """Declare `op` ("ns::op", an op object or a callable) as attention with its graph support.
+
+    A declared op becomes a default splitting op (the graph is split around it, and it runs
+    eagerly between piecewise graphs), is trusted to keep batch rows apart when padding is
+    checked, and its `cudagraph_support` decides which modes survive. The default, NEVER,
+    says it cannot run inside any CUDA graph: only piecewise graphs remain, with the op
+    running eagerly between them (FULL_AND_PIECEWISE and FULL_DECODE_ONLY lower to PIECEWISE
+    with a WARNING; `cudagraph_mode="FULL"` raises `ConfigError` when the graph compiles).
+    Declare UNIFORM_SINGLE_TOKEN_DECODE, UNIFORM_BATCH or ALWAYS if the kernel can be
+    captured. Re-declaring an op with another level logs a WARNING.
+    """
     check_op_spec("register_attention_op: op", op)
     support = AttentionCGSupport.parse(cudagraph_support, "cudagraph_support")
     key = spec_key(op)

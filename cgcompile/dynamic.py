@@ -41,9 +41,9 @@ from cgcompile.options import MAX_CAPTURE_SIZE, as_bool, as_index, show
 
 _SHAPE_ID = "cgcompile_batch"
 PAD_ATTRIBUTE = "_cgcompile_pad_value"
+"""The tensor attribute `pad_value=` sets; the backend reads it from a graph's example inputs."""
 BATCH_DIM_ATTRIBUTE = "_cgcompile_batch_dim"
 """The tensor attribute that records a `dim` other than 0; graph modes reject it."""
-"""The tensor attribute `pad_value=` sets; the backend reads it from a graph's example inputs."""
 
 
 def mark_dynamic_batch(
@@ -58,14 +58,18 @@ def mark_dynamic_batch(
     `tensors`: the model's batch inputs (tokens, positions, ...), all with the same size along
     `dim`. `dim`: the batch (token) dim, 0 by default; graph modes pad and slice dim 0 only,
     so they reject another dim when the graph compiles (`ConfigError`; mode NONE takes any).
-    `unbacked`: one trace for every size, batch 1 included, at some kernel speed (see above);
-    False: batches >= 2 share a trace and batch 1 gets its own. `hint`: the size Inductor tunes
-    the dynamic graph's kernels for; pass your largest capture size. `pad_value`: what the
-    padded rows of these tensors hold when a batch is padded to a capture size (default 0),
-    e.g. the index of a reserved trash slot for a slot mapping, so padded rows write their
-    KV-cache entries where no real row reads; it is read when the graph compiles and used on
-    every call and by `capture_all()`. Bad arguments raise a `ConfigError` before any tensor
-    is marked.
+    `unbacked`: one trace for every size, batch 1 included (torch >= 2.11; older torch warns
+    once and marks the batch backed), but Inductor's kernels for an unbacked size are slower
+    (13-36% more GPU time on an H200, docs/guide.md); False: batches >= 2 share a trace and
+    batch 1 gets its own. `hint`: the size Inductor tunes the dynamic graph's kernels for; pass
+    your largest capture size (a batch of 1 takes none: it has its own static graph).
+    `pad_value`: what the padded rows of these tensors hold when a batch is padded to a
+    capture size (default 0), e.g. the index of a reserved trash slot for a slot mapping, so
+    padded rows write their KV-cache entries where no real row reads; it is read when the
+    graph compiles and used on every call and by `capture_all()`. A graph that writes state
+    (a KV cache) at rows a batch input chooses, with no pad value declared for that input, is
+    not padded: only batches of exactly a capture size replay graphs. Bad arguments raise a
+    `ConfigError` before any tensor is marked.
     """
     dim, hint = _check_batch_args(tensors, dim, unbacked, hint)
     _check_pad_value(pad_value)

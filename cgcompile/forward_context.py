@@ -148,8 +148,11 @@ class BatchHint:
     uniform_decode: bool | None = None
     """Every request has the same query length q and num_tokens == q * num_reqs."""
     num_reqs: int | None = None
-    """Requests in the batch; with q known it decides `uniform_decode` when that is None."""
+    """Requests in the batch; when `uniform_decode` is None the batch is uniform decode if
+    its token count is `num_reqs * uniform_decode_query_len`."""
     has_lora: bool = False
+    """The batch uses LoRA adapters; no graphs are captured for such batches, so it runs
+    without graphs."""
     invalid_modes: frozenset[CUDAGraphMode] = frozenset()
     """Runtime modes this batch must not use, e.g. {FULL} for a feature a full graph can't hold."""
 
@@ -168,8 +171,19 @@ def batch_hint(
 ) -> Iterator[BatchHint]:
     """Describe the batch of the enclosed calls to the automatic dispatcher.
 
-    with cgcompile.batch_hint(uniform_decode=True):
-        logits = compiled(tokens)          # FULL graph in FULL_AND_PIECEWISE
+    `uniform_decode`: every request has the same query length q (`uniform_decode_query_len`,
+    1 without speculative tokens) and the batch holds q tokens per request; such a batch may
+    replay a full decode graph (FULL_AND_PIECEWISE, FULL_DECODE_ONLY). None (default): decided
+    by `num_reqs`, else a mixed batch. `num_reqs`: the number of requests; with
+    `uniform_decode=None` the batch is uniform decode when it has exactly `num_reqs * q`
+    tokens. `has_lora`: the batch uses LoRA adapters; no graphs are captured for LoRA batches,
+    so it runs without graphs. `invalid_modes`: runtime modes (NONE, PIECEWISE, FULL, as
+    enums or names) the batch must not use, e.g. {"FULL"} for a feature a full graph cannot
+    hold; the dispatcher takes the first allowed of FULL, PIECEWISE and NONE that serves the
+    batch (`CGCompileError` when none is left).
+
+        with cgcompile.batch_hint(uniform_decode=True):
+            logits = compiled(tokens)          # FULL graph in FULL_AND_PIECEWISE
     """
     hint = _checked_hint(uniform_decode, num_reqs, has_lora, invalid_modes)
     token = _batch_hint.set(hint)

@@ -72,14 +72,32 @@ def resolve_cudagraph_mode(
     uniform_decode_query_len: int = 1,
     capture_sizes: tuple[int, ...] = (),
 ) -> Resolution:
-    """Apply DESIGN §3's rules in order.
+    """Lower `mode` by these rules, in this order; each one that fires adds a `Downgrade`.
+
+    1. `NO_GRAPH_RUNTIME`: no graph runtime (inputs not on a CUDA device, and
+       `graph_runtime` is not 'simulated') -> NONE.
+    2. `NEEDS_AUTOGRAD`: the outputs require grad -> NONE.
+    3. `FULL_NEEDS_ALWAYS`: FULL with attention support below ALWAYS -> FULL_AND_PIECEWISE
+       when attention is split, else FULL_DECODE_ONLY (support NEVER raises `ConfigError`).
+    4. `ATTENTION_NOT_SPLIT`: a mode with piecewise graphs, and an attention op below ALWAYS
+       that no splitting op splits -> the mode without piecewise graphs (PIECEWISE -> NONE,
+       FULL_AND_PIECEWISE -> FULL_DECODE_ONLY).
+    5. `DECODE_NEEDS_SUPPORT`: full decode graphs with attention support NEVER -> PIECEWISE
+       when attention is split, else NONE.
+    6. `SPEC_DECODE_NEEDS_UNIFORM_BATCH`: full decode graphs, `uniform_decode_query_len` q > 1
+       and support below UNIFORM_BATCH -> PIECEWISE when attention is split, else NONE.
+    7. `NOTHING_SPLIT`: piecewise graphs but no splitting ops -> the mode without piecewise
+       graphs (FULL_DECODE_ONLY becomes FULL when the support is ALWAYS).
+    8. `SIZES_ROUNDED_TO_Q`: full decode graphs and q > 1 -> the mode stays; capture sizes are
+       rounded up to multiples of q (`ConfigError` if q exceeds the largest).
 
     `splits_attention`: the graph is split at its attention ops (attention can run eagerly
     between pieces). `piecewise_available`: splitting ops are configured at all.
-    `needs_autograd`: the graph's outputs require grad (a replayed graph records no autograd
-    history, so such graphs run without CUDA graphs). `unsplit_attention`: attention ops in
-    the graph that no splitting op splits, with their support; piecewise graphs would capture
-    them with every kind of batch, which needs ALWAYS.
+    `graphs_available`: a graph runtime exists for this graph's inputs. `needs_autograd`: the
+    graph's outputs require grad (a replayed graph records no autograd history, so such graphs
+    run without CUDA graphs). `unsplit_attention`: attention ops in the graph that no splitting
+    op splits, with their support; piecewise graphs would capture them with every kind of
+    batch, which needs ALWAYS.
     """
     state = _Lowering(mode)
     if mode != NONE and not graphs_available:
