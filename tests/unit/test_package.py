@@ -1,4 +1,4 @@
-"""The package as users see it: typed, every public name documented, logging as the README says."""
+"""The package as users see it: typed, every public name documented, logging as the docs say."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from cgcompile.backend.bulk_capture import describe_key
 from cgcompile.forward_context import BatchDescriptor
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+REFERENCE = (ROOT / "docs" / "reference.md").read_text()
+GUIDE = (ROOT / "docs" / "guide.md").read_text()
 
 
 def test_py_typed_is_shipped() -> None:
@@ -61,19 +62,20 @@ def test_mark_dynamic_batch_docstring_explains_its_arguments() -> None:
         assert argument in doc
 
 
-def test_readme_key_notation_is_what_reports_print() -> None:
+def test_reference_key_notation_is_what_reports_print() -> None:
     key = (BatchDescriptor(24, num_reqs=24, uniform=True), (24, 24), 0)
     assert describe_key(key) == "24u24[24, 24]"
-    assert "`24u24[24, 24]`" in README
+    assert "`24u24[24, 24]`" in REFERENCE
     assert describe_key((BatchDescriptor(8), (8,), 0)) == "8"
-    assert "`8`" in README
+    assert "`8`" in REFERENCE
     assert describe_key((BatchDescriptor(8), (8,), 1)) == "8#1"
-    assert "`8#1`" in README
+    assert "`8#1`" in REFERENCE
 
 
-def test_readme_says_how_to_validate_and_log() -> None:
-    for text in ("validate_options", "TORCH_LOGS=+cgcompile", 'getLogger("cgcompile")'):
-        assert text in README
+def test_docs_say_how_to_validate_and_log() -> None:
+    for doc in (REFERENCE, GUIDE):
+        for text in ("validate_options", "TORCH_LOGS=+cgcompile", 'getLogger("cgcompile")'):
+            assert text in doc
 
 
 def test_torch_logs_enables_cgcompile_debug_logs() -> None:
