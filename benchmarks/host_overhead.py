@@ -46,7 +46,13 @@ class NullRuntime:
     name = "null"
 
     def capture(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool, dry_run: bool
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        *,
+        weak_output: bool,
+        dry_run: bool,
+        instance: int = 0,
     ):
         output = fn(*args)
         return NullGraph(output), output

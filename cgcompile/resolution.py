@@ -28,6 +28,7 @@ class Rule(enum.Enum):
     """Why a mode or the capture sizes changed."""
 
     NO_GRAPH_RUNTIME = "no CUDA device and no simulated runtime: graphs are unavailable"
+    NOT_ANALYSED = "the graph could not be analysed for what its graphs would change"
     ATTENTION_NOT_SPLIT = "attention below ALWAYS inside piecewise graphs: it must be split"
     NEEDS_AUTOGRAD = "outputs that require grad: graphs are for inference"
     FULL_NEEDS_ALWAYS = "FULL needs attention support ALWAYS"
@@ -67,6 +68,7 @@ def resolve_cudagraph_mode(
     splits_attention: bool,
     piecewise_available: bool = True,
     graphs_available: bool = True,
+    not_analysed: str | None = None,
     needs_autograd: bool = False,
     unsplit_attention: Mapping[str, AttentionCGSupport] | None = None,
     uniform_decode_query_len: int = 1,
@@ -76,19 +78,21 @@ def resolve_cudagraph_mode(
 
     1. `NO_GRAPH_RUNTIME`: no graph runtime (inputs not on a CUDA device, and
        `graph_runtime` is not 'simulated') -> NONE.
-    2. `NEEDS_AUTOGRAD`: the outputs require grad -> NONE.
-    3. `FULL_NEEDS_ALWAYS`: FULL with attention support below ALWAYS -> FULL_AND_PIECEWISE
+    2. `NOT_ANALYSED`: the fake run that finds which inputs the graph writes failed
+       (`not_analysed` says why) -> NONE: the backend cannot promise eager's state.
+    3. `NEEDS_AUTOGRAD`: the outputs require grad -> NONE.
+    4. `FULL_NEEDS_ALWAYS`: FULL with attention support below ALWAYS -> FULL_AND_PIECEWISE
        when attention is split, else FULL_DECODE_ONLY (support NEVER raises `ConfigError`).
-    4. `ATTENTION_NOT_SPLIT`: a mode with piecewise graphs, and an attention op below ALWAYS
+    5. `ATTENTION_NOT_SPLIT`: a mode with piecewise graphs, and an attention op below ALWAYS
        that no splitting op splits -> the mode without piecewise graphs (PIECEWISE -> NONE,
        FULL_AND_PIECEWISE -> FULL_DECODE_ONLY).
-    5. `DECODE_NEEDS_SUPPORT`: full decode graphs with attention support NEVER -> PIECEWISE
+    6. `DECODE_NEEDS_SUPPORT`: full decode graphs with attention support NEVER -> PIECEWISE
        when attention is split, else NONE.
-    6. `SPEC_DECODE_NEEDS_UNIFORM_BATCH`: full decode graphs, `uniform_decode_query_len` q > 1
+    7. `SPEC_DECODE_NEEDS_UNIFORM_BATCH`: full decode graphs, `uniform_decode_query_len` q > 1
        and support below UNIFORM_BATCH -> PIECEWISE when attention is split, else NONE.
-    7. `NOTHING_SPLIT`: piecewise graphs but no splitting ops -> the mode without piecewise
+    8. `NOTHING_SPLIT`: piecewise graphs but no splitting ops -> the mode without piecewise
        graphs (FULL_DECODE_ONLY becomes FULL when the support is ALWAYS).
-    8. `SIZES_ROUNDED_TO_Q`: full decode graphs and q > 1 -> the mode stays; capture sizes are
+    9. `SIZES_ROUNDED_TO_Q`: full decode graphs and q > 1 -> the mode stays; capture sizes are
        rounded up to multiples of q (`ConfigError` if q exceeds the largest).
 
     `splits_attention`: the graph is split at its attention ops (attention can run eagerly
@@ -101,7 +105,9 @@ def resolve_cudagraph_mode(
     """
     state = _Lowering(mode)
     if mode != NONE and not graphs_available:
-        state.lower(Rule.NO_GRAPH_RUNTIME, NONE, "inputs are not on a CUDA device")
+        state.lower(Rule.NO_GRAPH_RUNTIME, NONE, _NO_RUNTIME_CAUSE)
+    if state.mode != NONE and not_analysed is not None:
+        state.lower(Rule.NOT_ANALYSED, NONE, not_analysed)
     if state.mode != NONE and needs_autograd:
         state.lower(Rule.NEEDS_AUTOGRAD, NONE, _AUTOGRAD_CAUSE)
     if state.mode == FULL and attention_support < AttentionCGSupport.ALWAYS:
@@ -162,6 +168,10 @@ def _lower_decode(
         state.lower(Rule.SPEC_DECODE_NEEDS_UNIFORM_BATCH, fallback, cause)
 
 
+_NO_RUNTIME_CAUSE = (
+    "inputs are not on a CUDA device; move the model and inputs to CUDA, or on a CPU pass "
+    "options={'graph_runtime': 'simulated'} for CUDA-graph semantics (tests)"
+)
 _AUTOGRAD_CAUSE = (
     "grad mode is on and an input or parameter requires grad, so its outputs require grad; "
     "this graph runs without CUDA graphs and gives eager's gradients. Run inference under "

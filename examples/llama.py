@@ -27,16 +27,12 @@ and caches against an eager copy.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
-# torch warns at import when NumPy is absent (`pip install -e .` brings none); nothing here uses it
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-import cgcompile  # noqa: E402
+import cgcompile
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,19 +16,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import warnings
 from pathlib import Path
 
-# torch warns at import when NumPy is absent (the quickstart's install has none); nothing here
-# uses NumPy
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-
-import torch  # noqa: E402
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import cgcompile  # noqa: E402
-from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
+import cgcompile
+from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
 
 SIZES = (1, 3, 8, 17, 40)
 EXPECTED = (

@@ -58,7 +58,8 @@ for v in $VERSIONS; do
         >"$LOGS/torch-$v-unit.log" 2>&1
     unit_rc=$?
     echo "torch $v: quickstart ..." >&2
-    (cd "$REPO" && "$venv/bin/python" examples/quickstart.py) >"$LOGS/torch-$v-quickstart.log" 2>&1
+    (cd "$REPO" && "$venv/bin/python" examples/quickstart.py --compiler inductor) \
+        >"$LOGS/torch-$v-quickstart.log" 2>&1
     quick_rc=$?
     quick=$([ $quick_rc -eq 0 ] && echo ok || echo "FAILED (rc $quick_rc)")
     one_trace=$("$venv/bin/python" -c "from cgcompile.torch_features import SHARED_UNBACKED_BATCH

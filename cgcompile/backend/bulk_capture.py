@@ -101,7 +101,7 @@ def _capture_key(
     graph: CompiledGraph, slot: int, example: list[Any], mode: CUDAGraphMode, desc: Any
 ) -> None:
     args = graph.static_inputs.at_size(example, desc.num_tokens)
-    shape_key = tuple([args[i] for i in graph.plan.int_args])
+    shape_key = graph.plan.shape_key(args)
     pieces = contextlib.nullcontext()
     if mode == CUDAGraphMode.PIECEWISE and graph.shapes_only is not None:
         pieces = graph.shapes_only()

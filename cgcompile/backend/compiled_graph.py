@@ -11,7 +11,9 @@ Per call (automatic mode, the default):
    parameters, buffers and tensors the graph writes in place are never copied);
 5. run the FULL wrapper (which holds the PIECEWISE-wrapped pieces) under that forward context,
    whose key names the module instance, so each instance replays graphs of its own;
-6. copy the real rows of mutated batch tensors back to the caller's; slice batch outputs to n.
+6. copy the real rows of mutated batch tensors back to the caller's; hand out the outputs
+   (`outputs`: batch outputs sliced to n; a call whose previous outputs the caller still
+   holds runs without graphs, and the graph copies its outputs from then on).
 Batches no graph fits run eagerly, unpadded, on the caller's tensors (`fallbacks` says why,
 once per kind). If the caller already set a forward context (manual, vLLM-style), it is
 honoured: no dispatch, padding or copies; the module instance is checked by the identity of
@@ -23,8 +25,8 @@ once per call.
 `capture_all` records graphs without running the model (`bulk_capture`). Parameters are held
 weakly: a deleted model's instance and its graphs are dropped (`instances`).
 
-Outputs of a graph replay live in graph memory and are overwritten by the next call; clone
-what you keep.
+Outputs of a graph replay live in graph memory, which the next replay overwrites; callers that
+drop them before the next call get them without a copy.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from cgcompile.backend import bulk_capture
 from cgcompile.backend.fallbacks import FallbackLog
 from cgcompile.backend.inputs import InputPlan
 from cgcompile.backend.instances import InstanceSlots
+from cgcompile.backend.outputs import Outputs
 from cgcompile.backend.ownership import ThreadOwner
 from cgcompile.backend.report import GraphReport
 from cgcompile.backend.static_inputs import StaticInputs
@@ -62,8 +65,10 @@ _live_graphs: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 
 
 def compiled_graphs() -> list[CompiledGraph]:
-    """Every live graph compiled by the backend, oldest first, for inspection and reports."""
-    return sorted(_live_graphs, key=lambda g: g._report.graph_id)
+    """Every live graph compiled by the backend, for inspection and reports: graphs with a
+    dynamic batch first, then those specialised to one batch size (Dynamo traces batch 1
+    apart), each oldest first, so `[0]` is a model's main graph whatever its first call."""
+    return sorted(_live_graphs, key=lambda g: (g.plan.static_batch is not None, g.report_id))
 
 
 class CompiledGraph:
@@ -98,8 +103,11 @@ class CompiledGraph:
             plan.static_tensors, plan.in_place, _weak(self._drop_instance), _weak(self._borrow)
         )
         self._fallbacks = FallbackLog(report.graph_id, plan, dispatcher, self.owner)
-        self._warn_padding = bool(plan.state_names()) and not plan.pad_values
-        self._variants = SizeVariants([i for i in plan.int_args if i not in plan.size_indices])
+        self._variants = SizeVariants(
+            [i for i in plan.int_args if i not in plan.size_indices], plan.host_scalars
+        )
+        self._outputs: dict[int, Outputs] = {}
+        """Per module instance (slot): its graphs have a memory pool of their own."""
         _live_graphs.add(self)
 
     @property
@@ -127,12 +135,21 @@ class CompiledGraph:
             return self._run_eager(args, n)
         if not self._variants.admits(args):
             return self._run_eager(args, n, "variants")
-        if desc.num_tokens != n:
-            if self.plan.pad_unsafe is not None:
-                return self._run_eager(args, n, "unpadded")
-            if self._warn_padding:
-                self._fallbacks.warn("padding", n)
-        return self._run_graphs(args, slot, n, mode, desc)
+        if desc.num_tokens != n and self.plan.pad_unsafe is not None:
+            return self._run_eager(args, n, "unpadded")
+        outputs = self._outputs.get(slot)
+        if outputs is None:
+            outputs = self._outputs[slot] = Outputs(self.plan)
+        if outputs.still_held() and not outputs.release():
+            outputs.start_copying()
+            return self._run_eager(args, n, "held")
+        return self._run_graphs(args, slot, n, mode, desc, outputs)
+
+    @property
+    def copies_outputs(self) -> bool:
+        """Whether some instance's outputs are copied out of graph memory (a caller held them
+        across calls)."""
+        return any(outputs.copies for outputs in self._outputs.values())
 
     def _run_manual(self, ctx: ForwardContext, args: tuple[Any, ...]) -> Any:
         """The caller set the context: no dispatch, padding or copies. Parameters are checked
@@ -149,21 +166,23 @@ class CompiledGraph:
             return self.runnable(*args)
 
     def _run_graphs(
-        self, args: tuple[Any, ...], slot: int, n: int, mode: CUDAGraphMode, desc: Any
+        self,
+        args: tuple[Any, ...],
+        slot: int,
+        n: int,
+        mode: CUDAGraphMode,
+        desc: Any,
+        outputs: Outputs,
     ) -> Any:
         padded = desc.num_tokens
         static_args = self.static_inputs.fill(args, n, padded)
         self.instances.remember(slot, static_args, with_graphs=True)
-        shape_key = tuple([static_args[i] for i in self.plan.int_args])
+        shape_key = self.plan.shape_key(static_args)
         with set_forward_context(mode, desc, shape_key=shape_key, instance=slot):
             out = self.runnable(*static_args)
         if self.plan.copied_back:
             self.static_inputs.copy_back(args, static_args, n)
-        if padded != n and self.plan.batch_outputs:
-            out = list(out)
-            for i in self.plan.batch_outputs:
-                out[i] = out[i][:n]
-        return out
+        return outputs.hand_out(out, n, padded)
 
     def capture_all(self, progress: bool = True) -> int:
         """Capture every graph the dispatcher lists now, instead of on first use, for every
@@ -199,6 +218,7 @@ class CompiledGraph:
 
     def _drop_instance(self, slot: int) -> None:
         """A module instance was freed: its graphs go too (their pool blocks are reused)."""
+        self._outputs.pop(slot, None)
         for wrapper in self.wrappers:
             wrapper.drop_instance(slot)
         logger.debug("graph %d: module instance %d freed, its graphs dropped", self.report_id, slot)

@@ -1,13 +1,13 @@
-"""Why a compiled graph runs a call without CUDA graphs, or pads it: one WARNING per kind.
+"""Why a compiled graph runs a call without CUDA graphs: one WARNING per kind.
 
 Missing sizes must be neither silent nor noisy, so `FallbackLog.warn(kind, n)` logs the first
 call of each kind of miss per compiled graph, with what was seen and what to do; later ones
 are only counted (`num_eager_fallbacks`). Kinds: `large` (above the largest capture size),
 `key` (no graph for this batch_hint), `shape` (batch tensors disagree), `unpadded` (padding
-could change the result), `padding` (a state-writing graph padded without a pad value),
-`moved` (an input written in place moved), `instances` (too many live module instances),
-`variants` (too many values of a non-batch int input), `thread` (a call from a thread that
-does not own the graphs).
+could change the result or the state it writes), `moved` (an input written in place moved),
+`instances` (too many live module instances), `variants` (too many values of a non-batch int
+input), `thread` (a call from a thread that does not own the graphs), `held` (the caller still
+holds a view of the previous call's outputs).
 
     log = FallbackLog(graph_id, plan, dispatcher, owner)
     log.warn("large", n=1024)
@@ -50,9 +50,6 @@ class FallbackLog:
             return
         self._warned.add(kind)
         why = _MESSAGES[kind](self, n)
-        if kind == "padding":
-            logger.warning("graph %d pads a batch: %s", self.graph_id, why)
-            return
         logger.warning(
             "graph %d runs a batch without CUDA graphs (%s); counted in num_eager_fallbacks, "
             "warned once",
@@ -75,20 +72,19 @@ def _moved(log: FallbackLog, n: int | None) -> str:
     )
 
 
-def _padding(log: FallbackLog, n: int | None) -> str:
-    batch = [log.plan.names[i] for i in log.plan.batch_tensors]
-    return (
-        f"{n} rows padded with zeros; the graph writes {log.plan.state_names()} in place and "
-        f"padded rows may write there where an eager call would not. Declare what padded rows "
-        f"hold with cgcompile.mark_dynamic_batch(t, pad_value=...) for the batch input that "
-        f"says where rows write ({batch}), e.g. a reserved trash slot"
-    )
-
-
 def _unpadded(log: FallbackLog, n: int | None) -> str:
     return (
         f"{n} rows are not padded to a capture size: padding could change what the caller "
         f"sees, as {log.plan.pad_unsafe}; batches of a capture size still use graphs"
+    )
+
+
+def _held(log: FallbackLog, n: int | None) -> str:
+    return (
+        "a view of an output of its previous call is still referenced, and a replay would "
+        "overwrite it; from now on this graph copies its outputs out of graph memory (one copy "
+        "per output per call). To keep the zero-copy path, let go of a call's outputs (and "
+        "views of them) before the next call, and clone what you keep"
     )
 
 
@@ -102,24 +98,27 @@ def _instances(log: FallbackLog, n: int | None) -> str:
 
 def _variants(log: FallbackLog, n: int | None) -> str:
     plan = log.plan
-    names = [plan.names[i] for i in plan.int_args if i not in plan.size_indices]
+    positions = [i for i in plan.int_args if i not in plan.size_indices] + [*plan.host_scalars]
+    names = [plan.names[i] for i in positions]
     return (
-        f"its int inputs {names} took more than {MAX_SIZE_VARIANTS} distinct values, and each "
-        f"value needs graphs of its own; further values run without graphs. Pass a value that "
-        f"changes every call (a position, a step) as a tensor, so it is data, not a shape"
+        f"its int inputs and host scalars {names} took more than {MAX_SIZE_VARIANTS} distinct "
+        f"values, and each value needs graphs of its own; further values run without graphs. "
+        f"Pass a value that changes every call (a position, a step, a temperature) as a CUDA "
+        f"tensor, so it is data, not part of the graph"
     )
 
 
 def _thread(log: FallbackLog, n: int | None) -> str:
     return (
         f"a call from a thread other than {log.owner.name!r}, which owns this graph's CUDA "
-        f"graphs; calls from other threads run the traced graph eagerly (see README, Threads)"
+        f"graphs; calls from other threads run the traced graph eagerly (see docs/guide.md, "
+        f"Threads)"
     )
 
 
 _MESSAGES: dict[str, Callable[[FallbackLog, int | None], str]] = {
     "moved": _moved,
-    "padding": _padding,
+    "held": _held,
     "unpadded": _unpadded,
     "instances": _instances,
     "thread": _thread,

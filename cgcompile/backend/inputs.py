@@ -7,8 +7,11 @@ those the graph writes in place (`mutated`): they are used in place, like parame
 buffers and `mark_static_address` tensors, which are never copied. A mutated batch tensor is
 copied in and its real rows copied back after the call. Padded rows hold each batch tensor's
 pad value (`mark_dynamic_batch(t, pad_value=...)`, read from the example inputs), else zero.
+Outputs that alias no input live in graph memory, which the next replay overwrites
+(`handed_outputs`, whose liveness the backend watches); outputs that alias a copied input live in
+its static buffer, which the next call refills (`buffer_outputs`, always copied out).
 
-    plan = InputPlan.from_graph(gm, example_inputs, mutated=find_mutated_inputs(gm, inputs))
+    plan = InputPlan.from_graph(gm, example_inputs, find_effects(gm, example_inputs))
     plan.batch_tensors, plan.in_place, plan.state_names()
 """
 
@@ -22,6 +25,7 @@ import torch
 from torch import fx
 
 from cgcompile.dynamic import PAD_ATTRIBUTE
+from cgcompile.passes.mutation import Effects
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +61,16 @@ class InputPlan:
     """Batch tensors whose strides depend on the batch size (batch dim not outermost)."""
     pad_unsafe: str | None = None
     """Why padding could change what the caller sees (`passes.pad_safety`); None: pad freely."""
+    handed_outputs: tuple[int, ...] = ()
+    """Tensor outputs that alias no input: a replay's live in graph memory, which the next
+    replay of the same module instance overwrites."""
+    buffer_outputs: tuple[int, ...] = ()
+    """Tensor outputs that alias a copied input: views of a static buffer the next call
+    refills."""
+    host_scalars: tuple[int, ...] = ()
+    """One-element CPU tensors among the user inputs of a graph that runs on CUDA (a float
+    attribute Dynamo passes as a tensor and reads with `.item()`): the host reads them while a
+    graph is captured, so their values are part of the graph's key (`shape_key`)."""
 
     @property
     def copied_back(self) -> tuple[int, ...]:
@@ -71,7 +85,10 @@ class InputPlan:
 
     @classmethod
     def from_graph(
-        cls, gm: fx.GraphModule, example_inputs: Sequence[Any], mutated: Sequence[int] = ()
+        cls,
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        effects: Effects | None = None,
     ) -> InputPlan:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         values = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
@@ -93,6 +110,8 @@ class InputPlan:
         if not exprs and user and values[user[0]].dim() > 0:
             static_batch = int(values[user[0]].shape[0])
             batch_tensors = (user[0],)
+        effects = effects or Effects((), {})
+        mutated = effects.mutated
         outputs = _output_values(gm)
         batch_outputs = tuple(i for i, v in enumerate(outputs) if _dim0_in(v, exprs))
         in_place = tuple(i for i in user if i not in batch_tensors and i in mutated)
@@ -101,6 +120,9 @@ class InputPlan:
             i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and i not in user
         )
         ints = tuple(i for i, v in enumerate(values) if isinstance(v, torch.SymInt))
+        tensors = [i for i, v in enumerate(outputs) if isinstance(v, torch.Tensor)]
+        aliases = effects.output_aliases
+        copied_inputs = set(batch_tensors) | set(copied)
         dims = [values[i].shape[0] for i in batch_tensors]
         bounds = [_lower_bound(d) for d in dims if isinstance(d, torch.SymInt)]
         return cls(
@@ -118,7 +140,25 @@ class InputPlan:
             in_place=in_place,
             pad_values=_pad_values(batch_tensors, example_inputs),
             batch_strided=tuple(i for i in batch_tensors if _strides_use(values[i], exprs)),
+            handed_outputs=tuple(i for i in tensors if i not in aliases),
+            buffer_outputs=tuple(i for i in tensors if aliases.get(i) in copied_inputs),
         )
+
+    def shape_key(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """The sizes and host scalars that, with the batch descriptor, pick a graph."""
+        key = tuple([args[i] for i in self.int_args])
+        if self.host_scalars:
+            key += tuple([args[i].item() for i in self.host_scalars])
+        return key
+
+    def with_host_scalars(self, example_inputs: Sequence[Any]) -> InputPlan:
+        """This plan for a graph that runs on CUDA: its one-element CPU inputs are keys."""
+        host = tuple(
+            i
+            for i in (*self.batch_tensors, *self.copied_tensors)
+            if example_inputs[i].device.type == "cpu" and example_inputs[i].numel() == 1
+        )
+        return dataclasses.replace(self, host_scalars=host)
 
     def batch_size(self, args: Sequence[Any]) -> int | None:
         """The batch of this call, or None when the user's batch tensors disagree on it."""

@@ -52,7 +52,7 @@ from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMod
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import ConfigError
-from cgcompile.passes.mutation import find_mutated_inputs
+from cgcompile.passes.mutation import ANALYSIS_ERRORS, Effects, find_effects
 from cgcompile.passes.op_match import OpMatcher, unknown_op_names
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
 from cgcompile.wrappers import CUDAGraphWrapper, make_graph_runtime
@@ -74,16 +74,20 @@ def compile_graph(
     if support is None:  # NEVER is 0: test for None, not truthiness
         support = min(attention.values(), default=AttentionCGSupport.ALWAYS)
     _warn_unknown_ops(graph_id, config, targets)
-    plan = InputPlan.from_graph(gm, example_inputs, find_mutated_inputs(gm, example_inputs))
+    effects, not_analysed = _effects(graph_id, gm, example_inputs)
+    plan = InputPlan.from_graph(gm, example_inputs, effects)
     runtime_kind, device = _choose_runtime(config, example_inputs)
     if config.cudagraph_mode != CUDAGraphMode.NONE and runtime_kind is not None:
         plan = with_pad_safety(gm, example_inputs, plan)
+    if runtime_kind == "cuda":
+        plan = plan.with_host_scalars(example_inputs)
     resolution = resolve_cudagraph_mode(
         config.cudagraph_mode,
         support,
         splits_attention=is_split_at(matcher, targets),
         piecewise_available=bool(matcher),
         graphs_available=runtime_kind is not None,
+        not_analysed=not_analysed,
         needs_autograd=needs_autograd(gm),
         unsplit_attention=unsplit_attention_of(config, matcher, targets),
         uniform_decode_query_len=config.uniform_decode_query_len,
@@ -110,6 +114,17 @@ def compile_graph(
     _log_resolution(graph_id, resolution, attention, built)
     shapes_only, traced = built.shapes_only, gm.forward
     return CompiledGraph(runnable, dispatcher, plan, report, wrappers, runtime, shapes_only, traced)
+
+
+def _effects(
+    graph_id: int, gm: fx.GraphModule, example_inputs: Sequence[Any]
+) -> tuple[Effects, str | None]:
+    """The graph's effects on its inputs, or (none, why they are unknown)."""
+    try:
+        return find_effects(gm, example_inputs), None
+    except ANALYSIS_ERRORS as exc:
+        logger.debug("graph %d: fake run failed", graph_id, exc_info=True)
+        return Effects((), {}), f"{type(exc).__name__}: {exc}".strip().split("\n")[0]
 
 
 def _warn_unknown_ops(graph_id: int, config: CompilationConfig, targets: list[Any]) -> None:

@@ -29,7 +29,10 @@ def with_pad_safety(
     gm: fx.GraphModule, example_inputs: Sequence[Any], plan: InputPlan
 ) -> InputPlan:
     """`plan` with `pad_unsafe` set from the graph; registered attention ops are trusted."""
-    safety = check_pad_safety(gm, example_inputs, plan.batch_exprs, _is_attention, plan.names)
+    padded = [i for i, _ in plan.pad_values]
+    safety = check_pad_safety(
+        gm, example_inputs, plan.batch_exprs, _is_attention, plan.names, padded
+    )
     return dataclasses.replace(plan, pad_unsafe=safety.reason)
 
 

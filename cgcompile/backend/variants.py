@@ -2,12 +2,14 @@
 
 Dynamo turns an int argument that changes between calls into a symbolic size (a sequence
 length, or a Llama-style `start_pos`), and every distinct value is a graph key of its own. The
-batch size is bounded by the capture sizes; these are not. `SizeVariants` admits the first
+batch size is bounded by the capture sizes; these are not. Nor are the values of host scalars
+(`InputPlan.host_scalars`: a float Dynamo passes as a CPU tensor, read on the host while a CUDA
+graph is captured, so each value needs graphs of its own). `SizeVariants` admits the first
 `MAX_SIZE_VARIANTS` distinct tuples of such values to graphs; calls with further values run
 without graphs (the backend warns once, naming the inputs).
 
-    variants = SizeVariants(positions=(5,))     # e.g. L['start_pos']
-    variants.admits(args)                       # False from the 9th distinct value on
+    variants = SizeVariants(positions=(5,), host=())    # e.g. L['start_pos']
+    variants.admits(args)                               # False from the 9th distinct value on
 """
 
 from __future__ import annotations
@@ -22,15 +24,18 @@ MAX_SIZE_VARIANTS = 8
 class SizeVariants:
     """The tuples of non-batch int inputs that have (or may get) graphs."""
 
-    def __init__(self, positions: Sequence[int]) -> None:
+    def __init__(self, positions: Sequence[int], host: Sequence[int] = ()) -> None:
         self.positions = tuple(positions)
-        self._seen: set[tuple[int, ...]] = set()
+        self.host = tuple(host)
+        self._seen: set[tuple[Any, ...]] = set()
 
     def admits(self, args: Sequence[Any]) -> bool:
         """Whether this call's values have graphs, or may get them (adding them if so)."""
-        if not self.positions:
+        if not (self.positions or self.host):
             return True
         variant = tuple([args[i] for i in self.positions])
+        if self.host:
+            variant += tuple([args[i].item() for i in self.host])
         if variant in self._seen:
             return True
         if len(self._seen) >= MAX_SIZE_VARIANTS:

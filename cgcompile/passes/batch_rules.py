@@ -13,13 +13,19 @@ batch size is a symbol `s` (see `pad_safety`). A *batch dim* is a dim whose size
   batch norm, convolution or pooling over it;
 - the batch size used as a value (`x * x.shape[0]`), a row counted from the end (`y[-1]`),
   writes to rows at positions read from the batch, or batch rows written into a tensor that
-  is not the graph's state (writes into state are steered by pad values, see `inputs`).
+  is not the graph's state;
+- writes into the graph's state (`State`: tensors without the batch dim that outlive the
+  call, such as a KV cache): a region sized by the batch (`cache[: x.shape[0]] = x`) would get
+  the padded rows too; rows at positions read from the batch (`cache.index_copy_(0, slot, k)`)
+  are steered by the pad value of the inputs those positions come from, so `State.indexed_write`
+  says whether they have one.
 
-    why = check_op(torch.ops.aten.sum.dim_IntList, (y, [0]), {}, out, batch, is_state)
+    why = check_op(torch.ops.aten.sum.dim_IntList, (y, [0]), {}, out, batch, state)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,18 +63,33 @@ class BatchDims:
         return rows in self.symbols
 
 
+@dataclasses.dataclass(frozen=True)
+class State:
+    """What the rules know of the graph's state: the tensors without the batch dim that outlive
+    the call (parameters, buffers, in-place inputs)."""
+
+    is_state: Callable[[torch.Tensor], bool]
+    """Whether a tensor is (a view of) state."""
+    indexed_write: Callable[[torch.Tensor, list[torch.Tensor]], str | None] = lambda dst, index: (
+        None
+    )
+    """Why writing rows into state `dst` at positions `index` (read from the batch) could land
+    padded rows where an eager call writes nothing, or None (the positions have pad values)."""
+
+
 def check_op(
     func: torch._ops.OpOverload,
     args: Sequence[Any],
     kwargs: dict[str, Any],
     out: Any,
     batch: BatchDims,
-    is_state: Callable[[torch.Tensor], bool],
+    state: State,
 ) -> str | None:
     """Why padding could change what `func` computes for the real rows, or None."""
     outputs = _tensors(out)
     bound = _bind(func, args, kwargs)
-    outputs += [bound[a.name] for a in func._schema.arguments if _writes(a) and a.name in bound]
+    written = [bound[a.name] for a in func._schema.arguments if _writes(a) and a.name in bound]
+    outputs += written
     if not outputs:
         return None
     name = func._schema.name.split("::")[-1].rstrip("_")
@@ -76,7 +97,13 @@ def check_op(
     if why is not None:
         return why
     if name in _SCATTERS:
-        return _scatter(batch, bound, outputs, is_state, _writes(func._schema.arguments[0]))
+        return _scatter(batch, bound, outputs, state, _writes(func._schema.arguments[0]))
+    for t in _tensors(written):
+        if batch.dims(t) and state.is_state(t):
+            return (
+                "writes a region of state sized by the batch: padded rows would write where "
+                "an eager call does not"
+            )
     rule = _RULES.get(name) or _family_rule(name)
     if rule is not None:
         return rule(batch, bound, outputs)
@@ -217,11 +244,12 @@ def _scatter(
     batch: BatchDims,
     bound: dict[str, Any],
     outputs: list[torch.Tensor],
-    is_state: Callable[[torch.Tensor], bool],
+    state: State,
     in_place: bool,
 ) -> str | None:
     """Writes at indexed positions: rows of a batch tensor at indices read from the batch may
-    land on real rows; batch rows written into a non-batch tensor are fine only for state."""
+    land on real rows; batch rows written into a non-batch tensor are fine only for state, at
+    positions whose padded rows have a pad value (`State.indexed_write`)."""
     dst = bound.get("self", bound.get("input"))
     index = _tensors([bound.get(k) for k in ("index", "indices", "mask")])
     source = _tensors([bound.get(k) for k in ("source", "src", "values")])
@@ -232,8 +260,9 @@ def _scatter(
         return generic(batch, [dst, *index, *source], outputs)
     if not index_batched and not any(batch.dims(t) for t in source):
         return None
-    if in_place and is_state(dst):
-        return None  # a KV cache or counter: padded rows write where their pad value says
+    if in_place and state.is_state(dst):
+        # a KV cache: padded rows write where their positions' pad value says
+        return state.indexed_write(dst, [t for t in index if batch.dims(t)])
     return "writes batch rows into a tensor without the batch dim, which the graph then reads"
 
 

@@ -1,18 +1,24 @@
-"""Which graph inputs a Dynamo graph writes in place, found by running it on fake tensors.
+"""Which graph inputs a Dynamo graph writes in place, and which outputs alias an input, found
+by running it on fake tensors.
 
 Each tensor placeholder gets a fresh fake tensor of its traced shape and layout (symbolic sizes
 included); the graph runs on them under the graph's own fake mode, which computes no data, and
 every in-place write bumps the written tensor's version counter: `add_`, `index_copy_`, a copy
-into a view (`cache[:, pos] = k`), a custom op's `mutates_args`. The placeholders whose counter
-moved are the mutated inputs. Real models write KV caches and counters this way; the backend
-must leave them exactly as one eager call would.
+into a view (`cache[:, pos] = k`), a custom op's `mutates_args`. Train-mode batch norm writes
+its running statistics without saying so in its schema (no version bump): those writes are
+seen by op. The placeholders whose counter moved are the mutated inputs. Real models write KV
+caches and counters this way; the backend must leave them exactly as one eager call would.
+An output that shares storage with an input (a returned buffer, a view of an argument) is an
+alias of that input: its memory is the input's, not the graph's.
 
-    mutated = find_mutated_inputs(gm, example_inputs)     # e.g. (0, 5): placeholder positions
+    effects = find_effects(gm, example_inputs)
+    effects.mutated, effects.output_aliases      # e.g. (0, 5), {1: 5}: placeholder positions
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -20,34 +26,106 @@ from typing import Any
 import torch
 from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    UnsupportedOperatorException,
+)
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 logger = logging.getLogger(__name__)
 
+ANALYSIS_ERRORS = (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    UnsupportedOperatorException,
+    GuardOnDataDependentSymNode,
+)
+"""What a fake run of a graph Dynamo traced can still raise: an op whose output fake tensors
+cannot describe. The analyses give up on the graph (it runs without CUDA graphs), never on the
+model (a backend error would make Dynamo break the model into many graphs)."""
 
-def find_mutated_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[int, ...]:
-    """Positions of the placeholders that `gm` writes in place."""
+
+@dataclasses.dataclass(frozen=True)
+class Effects:
+    """What one run of a graph does to its inputs."""
+
+    mutated: tuple[int, ...]
+    """Placeholders the graph writes in place."""
+    output_aliases: dict[int, int]
+    """Output position -> the placeholder whose storage it shares."""
+
+
+def find_effects(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Effects:
+    """The inputs `gm` writes in place and the outputs that alias an input."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     with fake_execution(example_inputs):
         args = fresh_fakes(placeholders, example_inputs)
         before = [a._version if isinstance(a, torch.Tensor) else None for a in args]
-        fx.Interpreter(gm).run(*args)
+        with _UnmarkedWrites() as unmarked:
+            out = fx.Interpreter(gm).run(*args)
+    storages = {
+        StorageWeakRef(a.untyped_storage()): i
+        for i, a in enumerate(args)
+        if isinstance(a, torch.Tensor)
+    }
     mutated = tuple(
         i
         for i, (a, version) in enumerate(zip(args, before, strict=True))
-        if version is not None and a._version != version
+        if version is not None
+        and (a._version != version or StorageWeakRef(a.untyped_storage()) in unmarked.written)
     )
+    outputs = out if isinstance(out, (tuple, list)) else [out]
+    aliases = {
+        i: storages[StorageWeakRef(o.untyped_storage())]
+        for i, o in enumerate(outputs)
+        if isinstance(o, torch.Tensor) and StorageWeakRef(o.untyped_storage()) in storages
+    }
     logger.debug("mutated inputs: %s", [placeholders[i].name for i in mutated])
-    return mutated
+    return Effects(mutated, aliases)
+
+
+_BATCH_NORMS = frozenset(
+    """native_batch_norm _native_batch_norm_legit cudnn_batch_norm miopen_batch_norm
+    _batch_norm_impl_index""".split()
+)
+
+
+class _UnmarkedWrites(TorchDispatchMode):
+    """Storages written by ops whose schema does not mark the write: train-mode batch norm's
+    running mean and variance (arguments 3 and 4)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: set[StorageWeakRef] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = func._schema.name.split("::")[-1]
+        if name in _BATCH_NORMS and len(args) > 5 and args[5] is True:
+            for stat in tree_leaves(args[3:5]):
+                if isinstance(stat, torch.Tensor):
+                    self.written.add(StorageWeakRef(stat.untyped_storage()))
+        return func(*args, **kwargs)
 
 
 def fake_execution(example_inputs: Sequence[Any]) -> contextlib.AbstractContextManager[Any]:
-    """The graph's own fake mode (or a new one), with the Python dispatcher, without grad."""
+    """The graph's own fake mode (or a new one), with the Python dispatcher, without grad.
+
+    Scalars read from data (`.item()` of a data-dependent value) become fresh unbacked symbols
+    of the graph's shape environment, which these analyses then forget: they bind nothing
+    that the compile after them must account for."""
     fake_mode = torch._guards.detect_fake_mode(example_inputs)
     if fake_mode is None:
         fake_mode = torch._subclasses.FakeTensorMode()
     stack = contextlib.ExitStack()
     for context in (fake_mode, enable_python_dispatcher(), torch.no_grad()):
         stack.enter_context(context)
+    if fake_mode.shape_env is not None:
+        stack.enter_context(fake_mode.shape_env.ignore_fresh_unbacked_symbols())
     return stack
 
 
@@ -61,8 +139,14 @@ def fresh_fakes(placeholders: Sequence[fx.Node], example_inputs: Sequence[Any]) 
 
 def _fresh_fake(traced: Any, real: Any) -> Any:
     """A new fake tensor shaped like the traced input (its own version counter; never an
-    inference tensor, which has none); other inputs (SymInts, ints) as Dynamo traced them."""
+    inference tensor, which has none); other inputs (SymInts, ints) as Dynamo traced them.
+    A 0-d input Dynamo reads with `.item()` (a float attribute under `dynamic=True`) keeps the
+    symbol Dynamo gave that value."""
     value = traced if traced is not None else real
     if not isinstance(value, torch.Tensor):
         return value
-    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+    fresh = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+    memo = getattr(value, "item_memo", None)
+    if memo is not None:
+        fresh.item_memo = memo
+    return fresh

@@ -12,6 +12,8 @@ is batch-major. `check_pad_safety` decides it once per graph, without running an
    (queries over the batch are row-wise, keys over it are not, unless causal); attention ops
    the user registered are trusted to keep rows apart, like the engines whose padded batches
    they serve;
+   Writes into state (a KV cache) at rows read from a batch input need that input's pad value
+   (`state_writes`), and a write of a batch-sized region of state is never padded;
 3. outputs: a tensor involving `s` has it as dim 0 only, exactly `s`; no int output
    involves `s` (`return y, x.shape[0]` would return the padded size).
 
@@ -29,16 +31,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import fx
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cgcompile.passes.batch_rules import BatchDims, check_op, check_sdpa
-from cgcompile.passes.mutation import fake_execution, fresh_fakes
+from cgcompile.passes.batch_rules import BatchDims, State, check_op, check_sdpa
+from cgcompile.passes.mutation import ANALYSIS_ERRORS, fake_execution, fresh_fakes
+from cgcompile.passes.state_writes import StateWrites
 
 _SDPA = torch._C._nn.scaled_dot_product_attention
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
@@ -62,9 +64,11 @@ def check_pad_safety(
     batch_exprs: frozenset[Any],
     trusted: Callable[[Any], bool] = lambda target: False,
     names: Sequence[str] = (),
+    padded: Collection[int] = (),
 ) -> PadSafety:
     """Whether batches of `gm` may be padded; `batch_exprs` are dim 0 of its batch inputs,
-    `trusted` says which call targets keep rows apart, `names` name the placeholders."""
+    `trusted` says which call targets keep rows apart, `names` name the placeholders,
+    `padded` are the placeholders with a declared pad value."""
     batch = BatchDims(frozenset(s for e in batch_exprs for s in e.free_symbols))
     if not batch.symbols:
         return PadSafety()
@@ -72,7 +76,7 @@ def check_pad_safety(
     names = list(names) or [n.name for n in placeholders]
     reason = _check_inputs(placeholders, names, batch, batch_exprs)
     if reason is None:
-        reason = _check_ops(gm, placeholders, example_inputs, batch, trusted)
+        reason = _check_ops(gm, placeholders, example_inputs, batch, trusted, names, padded)
     if reason is None:
         reason = _check_outputs(gm, batch, batch_exprs)
     return PadSafety(reason)
@@ -119,23 +123,37 @@ def _check_ops(
     example_inputs: Sequence[Any],
     batch: BatchDims,
     trusted: Callable[[Any], bool],
+    names: Sequence[str],
+    padded: Collection[int],
 ) -> str | None:
     with fake_execution(example_inputs):
         args = fresh_fakes(placeholders, example_inputs)
-        state = {StorageWeakRef(a.untyped_storage()) for a in args if isinstance(a, torch.Tensor)}
-        checker = _OpChecker(batch, lambda t: StorageWeakRef(t.untyped_storage()) in state)
-        with checker:
-            _Interpreter(gm, checker, trusted).run(*args)
+        batch_inputs = [i for i, a in enumerate(args) if _has_batch(batch, a)]
+        checker = _OpChecker(batch)
+        interpreter = _Interpreter(gm, checker, trusted)
+        writes = StateWrites(
+            placeholders, args, names, batch_inputs, padded, lambda: interpreter.env, checker.at
+        )
+        checker.state = writes.state
+        try:
+            with checker:
+                interpreter.run(*args)
+        except ANALYSIS_ERRORS as exc:
+            checker.record(f"could not be checked for padding ({type(exc).__name__})", "run")
     return checker.reason
+
+
+def _has_batch(batch: BatchDims, value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and bool(batch.dims(value))
 
 
 class _OpChecker(TorchDispatchMode):
     """Sees every aten op the graph dispatches on fake tensors; keeps the first failure."""
 
-    def __init__(self, batch: BatchDims, is_state: Callable[[torch.Tensor], bool]) -> None:
+    def __init__(self, batch: BatchDims) -> None:
         super().__init__()
         self.batch = batch
-        self.is_state = is_state
+        self.state = State(lambda t: False)
         self.node: fx.Node | None = None
         self.reason: str | None = None
         self.paused = False
@@ -149,9 +167,13 @@ class _OpChecker(TorchDispatchMode):
 
     def _check(self, func: Any, args: Any, kwargs: Any, out: Any) -> str | None:
         try:
-            return check_op(func, args, kwargs, out, self.batch, self.is_state)
+            return check_op(func, args, kwargs, out, self.batch, self.state)
         except Exception as exc:  # an overload the rules do not know: do not pad, say why
             return f"could not be checked for padding ({type(exc).__name__}: {exc})"
+
+    def at(self) -> fx.Node | None:
+        """The node whose ops run now."""
+        return self.node
 
     def record(self, why: str | None, op: str) -> None:
         if why is not None and self.reason is None:

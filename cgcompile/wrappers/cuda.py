@@ -1,9 +1,11 @@
 """Real CUDA graphs: capture on a side stream into one shared memory pool, replay in one call.
 
-`CUDAGraphRuntime` is the "cuda" `GraphRuntime`. Each instance owns one graph memory pool and
-one side stream, shared by every wrapper it is given (the backend makes one per compiled model),
-so graphs captured largest-first reuse the pool blocks of the larger ones. `weak_ref_tensors`
-turns outputs into non-owning aliases so their pool blocks are free for later captures.
+`CUDAGraphRuntime` is the "cuda" `GraphRuntime`. Each instance owns one side stream and a graph
+memory pool per module instance (`capture(..., instance=k)`), shared by every wrapper it is given
+(the backend makes one runtime per compiled model), so graphs of one module instance captured
+largest-first reuse the pool blocks of the larger ones, and a replay for one module instance
+never writes the outputs another one handed out. `weak_ref_tensors` turns outputs into
+non-owning aliases so their pool blocks are free for later captures.
 
 Capture steps (`CUDAGraphRuntime.capture`):
 1. synchronize the device: the warm-up runs are done and nothing else is in flight;
@@ -63,11 +65,12 @@ class CUDAGraphRuntime:
         device = torch.device("cuda" if device is None else device)
         index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", index)
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pools: dict[int, Any] = {}
+        """Module instance -> the pool its graphs are captured into."""
         self.stream = torch.cuda.Stream(device=self.device)
         self._reserved_bytes = 0
-        self._live_graphs = 0
-        """Graphs captured into `pool` and not yet freed."""
+        self._live_graphs: dict[int, int] = {}
+        """Module instance -> graphs captured into its pool and not yet freed."""
 
     def memory_bytes(self) -> int:
         """Bytes the caching allocator newly reserved while this runtime captured.
@@ -78,8 +81,8 @@ class CUDAGraphRuntime:
         """
         return self._reserved_bytes
 
-    def _graph_freed(self) -> None:
-        self._live_graphs -= 1
+    def _graph_freed(self, instance: int) -> None:
+        self._live_graphs[instance] -= 1
 
     def borrow(self, tensors: Iterable[torch.Tensor]) -> None:
         """Nothing to do: a CUDA graph keeps addresses, never its input tensors."""
@@ -91,29 +94,31 @@ class CUDAGraphRuntime:
         *,
         weak_output: bool,
         dry_run: bool = False,
+        instance: int = 0,
     ) -> tuple[CapturedCUDAGraph, Any]:
-        """Record fn(*args) into a new graph in this runtime's pool (steps in the module doc).
+        """Record fn(*args) into a new graph in the pool of module instance `instance` (steps
+        in the module doc).
 
         Recording runs no kernel, so no tensor changes; `dry_run` changes nothing here."""
-        if self._live_graphs == 0:
+        if self._live_graphs.get(instance, 0) == 0:
             # the allocator retires a pool id once every graph captured into it is freed (e.g.
             # the graphs of a deleted module instance): capturing into it again trips its
             # `use_count > 0` assert, so a pool with no live graph is replaced by a fresh one
-            self.pool = torch.cuda.graph_pool_handle()
+            self.pools[instance] = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         reserved_before = torch.cuda.memory_reserved(self.device)
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            output = self._record(graph, fn, args, weak_output)
+            output = self._record(graph, fn, args, weak_output, self.pools[instance])
         finally:
             if gc_was_enabled:
                 gc.enable()
         grown = torch.cuda.memory_reserved(self.device) - reserved_before
         self._reserved_bytes += max(grown, 0)
         captured = CapturedCUDAGraph(graph, weak_ref_tensors(output))
-        self._live_graphs += 1
-        weakref.finalize(captured, self._graph_freed)
+        self._live_graphs[instance] = self._live_graphs.get(instance, 0) + 1
+        weakref.finalize(captured, self._graph_freed, instance)
         # Replays hand out non-owning aliases, so between forwards every block of this graph is
         # free for other captures in the pool; the capture call's caller gets `output` (strong
         # unless weak_output) so the blocks stay reserved while the rest of its forward captures.
@@ -125,6 +130,7 @@ class CUDAGraphRuntime:
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         weak_output: bool,
+        pool: Any,
     ) -> Any:
         current = torch.cuda.current_stream(self.device)
         torch.cuda.synchronize(self.device)
@@ -132,7 +138,7 @@ class CUDAGraphRuntime:
         with torch.cuda.stream(self.stream):
             # thread_local: CUDA calls of other threads (the eager calls of threads that do not
             # own the graphs) neither fail nor invalidate this capture
-            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
                 output = fn(*args)
                 if weak_output:

@@ -208,7 +208,11 @@ class CUDAGraphWrapper:
         }
         start = time.perf_counter()
         graph, output = self.runtime.capture(
-            self.runnable, capture_args, weak_output=self.weak_output, dry_run=dry_run
+            self.runnable,
+            capture_args,
+            weak_output=self.weak_output,
+            dry_run=dry_run,
+            instance=key[2],
         )
         seconds = time.perf_counter() - start
         counters.num_cudagraph_captured += 1

@@ -4,7 +4,7 @@ A `GraphRuntime` records a callable once (`capture`) into a `CapturedGraph` that
 recorded work on the captured inputs (`replay`) and returns the same output objects every time.
 Two runtimes exist: `"cuda"` (real CUDA graphs, `cuda.py`) and `"simulated"` (CPU semantics of a
 CUDA graph for tests, `simulated.py`). The backend creates one runtime per compiled model; every
-wrapper of that model shares it, and so shares one memory pool.
+wrapper of that model shares it, and so shares one memory pool per module instance.
 
     runtime = make_graph_runtime("simulated")
     graph, output = runtime.capture(fn, (x,), weak_output=False, dry_run=False)  # not computed
@@ -38,14 +38,21 @@ class GraphRuntime(Protocol):
     """"cuda" or "simulated"."""
 
     def capture(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], *, weak_output: bool, dry_run: bool
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        *,
+        weak_output: bool,
+        dry_run: bool,
+        instance: int = 0,
     ) -> tuple[CapturedGraph, Any]:
         """Record fn(*args) without changing any tensor; return (graph, output).
 
         `output` is what the capture call produced: tensors at the addresses replays write to,
         holding no computed values yet (callers must replay to get values). `dry_run`: no
-        replay follows, the output only feeds other captures. Capture failures are raised as
-        `CaptureError` with the reason.
+        replay follows, the output only feeds other captures. `instance`: the module instance
+        whose memory pool the graph uses (graphs of different instances never share memory).
+        Capture failures are raised as `CaptureError` with the reason.
         """
         ...
 

@@ -89,8 +89,8 @@ class SimulatedGraphRuntime:
     Capture steps: snapshot the tensor args; run fn(*args); restore the args it wrote in place;
     poison the outputs that do not share storage with an arg (not in a dry run, whose outputs
     feed only later captures: those run fn too, and need valid values, e.g. indices).
-    `weak_output` changes nothing here (there is no pool to give memory back to); outputs are
-    always held strongly.
+    `weak_output` and `instance` change nothing here (there is no pool: every graph writes
+    outputs of its own); outputs are always held strongly.
     """
 
     name = "simulated"
@@ -112,6 +112,7 @@ class SimulatedGraphRuntime:
         *,
         weak_output: bool,
         dry_run: bool = False,
+        instance: int = 0,
     ) -> tuple[SimulatedGraph, Any]:
         output = _run_without_arg_writes(fn, args)
         if not dry_run:
@@ -178,21 +179,26 @@ def _run_without_arg_writes(fn: Callable[..., Any], args: tuple[Any, ...]) -> An
     """fn(*args), then the tensor args it wrote in place get their old contents back.
 
     A real capture records kernels without running them, so it writes nothing; without this an
-    in-place update of an arg would happen once more in simulation than on a GPU.
+    in-place update of an arg would happen once more in simulation than on a GPU. Contents are
+    compared, not only version counters: some ops write args their schema does not mark as
+    written (train-mode batch norm's running statistics) and inference tensors have none.
     """
-    saved = [
-        (a, None if a.is_inference() else a._version, a.clone())
-        for a in args
-        if isinstance(a, torch.Tensor)
-    ]
+    saved = [(a, a.clone()) for a in args if isinstance(a, torch.Tensor)]
     output = fn(*args)
     with torch.no_grad():
-        for arg, version, before in saved:
-            # inference tensors have no version counter: compare contents instead
-            written = arg._version != version if version is not None else not arg.equal(before)
-            if written:
+        for arg, before in saved:
+            if not _same_contents(arg, before):
                 arg.copy_(before)
     return output
+
+
+def _same_contents(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN equal to NaN in the same places (poisoned outputs hold NaN)."""
+    if a.equal(b):
+        return True
+    if not (a.is_floating_point() or a.is_complex()):
+        return False
+    return a.isnan().equal(b.isnan()) and a.nan_to_num(0.0).equal(b.nan_to_num(0.0))
 
 
 def _tensor_leaves(value: Any) -> list[torch.Tensor]:

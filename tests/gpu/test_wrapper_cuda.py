@@ -139,8 +139,22 @@ def test_wrappers_of_one_runtime_share_its_pool(runtime: CUDAGraphRuntime) -> No
             first(x)
             second(x)
     pools = [w.entries[w.captured_keys()[0]].graph.graph.pool() for w in (first, second)]
-    assert pools == [runtime.pool, runtime.pool]
-    assert make_graph_runtime("cuda").pool != runtime.pool
+    assert pools == [runtime.pools[0], runtime.pools[0]]  # both keys are module instance 0
+    other = make_graph_runtime("cuda")
+    wrap(Affine(), other)(x)
+    assert other.pools.get(0) != runtime.pools[0]
+
+
+def test_each_module_instance_has_a_pool_of_its_own(runtime: CUDAGraphRuntime) -> None:
+    wrapper = wrap(Affine(), runtime)
+    x = cuda_arange(4)
+    for instance in (0, 1):
+        with set_forward_context(PIECEWISE, num_tokens=4, instance=instance):
+            for _ in range(2):  # the callable's first run, then the capture
+                wrapper(x)
+    pools = {key[2]: entry.graph.graph.pool() for key, entry in wrapper.entries.items()}
+    assert pools == {0: runtime.pools[0], 1: runtime.pools[1]}
+    assert runtime.pools[0] != runtime.pools[1]
 
 
 def test_pieces_chain_through_pool_outputs(runtime: CUDAGraphRuntime) -> None:

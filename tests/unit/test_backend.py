@@ -330,7 +330,7 @@ def test_graph_shared_by_layers_after_graph_break_stays_correct():
         for _ in range(3):
             x = dyn(torch.randn(4, 4))
             torch.testing.assert_close(f(x), model(x))
-    (graph,) = {g for g in cgcompile.compiled_graphs() if g.wrappers}
+    (graph,) = {g for g in cgcompile.compiled_graphs() if g.wrappers and g.report_id >= _first_id}
     assert graph.report.captured == {"FULL": ["4", "4#1"]}  # each layer has its own graph
 
 
@@ -428,7 +428,7 @@ def test_backed_batch_graph_captures_no_size_it_cannot_run():
         x = torch.randn(n)
         cgcompile.mark_dynamic_batch(x)
         f(x)
-    dynamic, single = cgcompile.compiled_graphs()
+    dynamic, single = [g for g in cgcompile.compiled_graphs() if g.report_id >= _first_id]
     assert (dynamic.report.capture_sizes, single.report.capture_sizes) == ([2, 4], [1])
     cgcompile.capture_all(progress=False)
     assert all(k[0].num_tokens >= 2 for w in dynamic.wrappers for k in w.captured_keys())
@@ -471,3 +471,15 @@ def test_capture_all_before_any_call_says_what_to_do():
     graph: CompiledGraph = the_graph()
     with pytest.raises(cgcompile.CGCompileError, match="needs one call of the compiled model"):
         graph.capture_all(progress=False)
+
+
+def test_compiled_graphs_lists_the_dynamic_batch_graph_first_whatever_the_first_call():
+    f = compile_fn(SeqModel().eval(), compiler="eager", cudagraph_capture_sizes=[1, 2, 4, 8])
+    with torch.no_grad():
+        for n in (1, 8):  # backed batch: batch 1 is traced apart, first
+            x = torch.randn(n, 3, 8)
+            cgcompile.mark_dynamic_batch(x)
+            f(x)
+    graphs = [g for g in cgcompile.compiled_graphs() if g.report.graph_id >= _first_id]
+    assert [g.plan.static_batch for g in graphs] == [None, 1]
+    assert graphs[0].report.graph_id > graphs[1].report.graph_id  # compiled second

@@ -30,12 +30,6 @@ SOURCES = sorted((ROOT / "cgcompile").rglob("*.py"))
 RUNS_ON_CPU = "# runs on CPU"
 CPU_CHANGE = '# on a CPU add "graph_runtime": "simulated"'
 
-PENDING = {
-    # TODO(#19): the message should point at docs/guide.md#threads; it is runtime code
-    ("cgcompile/backend/fallbacks.py", "see README, Threads"),
-}
-"""References known to be stale in files this test's authors may not edit, with the request."""
-
 _PATH = re.compile(
     r"(?<![\w/.$-])((?:docs|examples|benchmarks|tests|cgcompile|\.ci)/[\w./-]*[\w]"
     r"|README\.md|pyproject\.toml)(#[\w-]+)?"
@@ -65,10 +59,6 @@ def _slug(heading: str) -> str:
 def _anchors(path: Path) -> set[str]:
     text = re.sub(r"```.*?```", "", path.read_text(), flags=re.DOTALL)
     return {_slug(m) for m in re.findall(r"^#+ (.+)$", text, flags=re.MULTILINE)}
-
-
-def _is_pending(path: Path, text: str) -> bool:
-    return (_rel(path), text) in PENDING
 
 
 @pytest.mark.parametrize("path", [*MARKDOWN, *SOURCES], ids=_rel)
@@ -116,7 +106,7 @@ def test_readme_sections_named_in_the_code_exist() -> None:
         f"{_rel(path)}: {m.group(0)}"
         for path, text in _texts()
         for m in _README_SECTION.finditer(text)
-        if m.group(1).lower() not in sections and not _is_pending(path, m.group(0))
+        if m.group(1).lower() not in sections
     ]
     assert not stale, f"README has no such section: {stale}"
 

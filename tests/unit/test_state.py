@@ -129,19 +129,6 @@ def test_mutated_input_at_a_new_address_runs_without_graphs(caplog):
     assert len(moved) == 1 and "L['state']" in moved[0]
 
 
-@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
-def test_padding_without_pad_value_warns_naming_input_and_state(mode, caplog):
-    torch.manual_seed(0)
-    compiled = compile_model(CacheStep(), mode)
-    rng = random.Random(0)
-    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
-        for n in (4, 3, 3):
-            compiled(*step_inputs(n, rng))
-    warnings = [r.getMessage() for r in caplog.records if "pad_value" in r.getMessage()]
-    assert len(warnings) == 1
-    assert "L['slot']" in warnings[0] and "L['self']._buffers['cache']" in warnings[0]
-
-
 def test_padding_with_pad_value_does_not_warn(caplog):
     with caplog.at_level(logging.WARNING, logger="cgcompile"):
         run_against_eager("FULL_AND_PIECEWISE")
