@@ -5,7 +5,7 @@ compiled = torch.compile(model, backend="cudagraph_modes",
 """
 
 from cgcompile.attention import register_attention_op
-from cgcompile.backend import CompiledGraph, capture_all, compiled_graphs, cudagraph_modes
+from cgcompile.backend import cudagraph_modes
 from cgcompile.config import (
     AttentionCGSupport,
     CompilationConfig,
@@ -25,6 +25,7 @@ from cgcompile.forward_context import (
     set_forward_context,
 )
 from cgcompile.resolution import Downgrade, Resolution, Rule, resolve_cudagraph_mode
+from cgcompile.runtime import CompiledGraph, capture_all, compiled_graphs
 from cgcompile.wrappers import CUDAGraphWrapper
 
 __all__ = [

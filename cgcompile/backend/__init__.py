@@ -1,6 +1,6 @@
-"""The Dynamo backend: compile pipeline, piece compilation, runtime entry, reports."""
+"""The Dynamo backend's compile side: pipeline, FX split, Inductor partition, piece
+compilation, preconditions; it builds the `cgcompile.runtime.CompiledGraph` Dynamo calls."""
 
-from cgcompile.backend.compiled_graph import CompiledGraph, capture_all, compiled_graphs
 from cgcompile.backend.entry import cudagraph_modes
 
-__all__ = ["CompiledGraph", "capture_all", "compiled_graphs", "cudagraph_modes"]
+__all__ = ["cudagraph_modes"]

@@ -17,9 +17,9 @@ from typing import Any
 
 from torch import fx
 
-from cgcompile.backend.inputs import InputPlan
-from cgcompile.backend.report import FX_SPLIT, PieceInfo
 from cgcompile.config import CompilationConfig, CUDAGraphMode
+from cgcompile.runtime.inputs import InputPlan
+from cgcompile.runtime.report import FX_SPLIT, PieceInfo
 from cgcompile.wrappers.partition_adapter import WrapperFactory
 
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from torch import fx
 
-from cgcompile.backend.compiled_graph import CompiledGraph
 from cgcompile.backend.pipeline import compile_graph
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import ConfigError
+from cgcompile.runtime.compiled_graph import CompiledGraph
 
 
 def cudagraph_modes(

@@ -22,10 +22,10 @@ from typing import Any
 from cgcompile.backend.build import BuildRequest, Built
 from cgcompile.backend.dry_run import shapes_only
 from cgcompile.backend.piece_compiler import PieceRunner, compile_pieces, count_compilations
-from cgcompile.backend.report import PieceInfo
 from cgcompile.config import CompilationConfig, CUDAGraphMode
 from cgcompile.passes.op_match import OpMatcher
 from cgcompile.passes.split import SplitResult, split_graph
+from cgcompile.runtime.report import PieceInfo
 from cgcompile.wrappers.partition_adapter import WrapperFactory
 
 

@@ -30,9 +30,7 @@ from torch import fx
 
 from cgcompile.attention import attention_ops, find_attention, is_split_at
 from cgcompile.backend.build import BuildRequest, Built
-from cgcompile.backend.compiled_graph import CompiledGraph
 from cgcompile.backend.fx_split import build_split
-from cgcompile.backend.inputs import InputPlan
 from cgcompile.backend.partition import (
     Fallback,
     FallbackRule,
@@ -46,7 +44,6 @@ from cgcompile.backend.preconditions import (
     unsplit_attention_of,
     with_pad_safety,
 )
-from cgcompile.backend.report import INDUCTOR_PARTITION, GraphReport, PieceInfo
 from cgcompile.backend.wrapping import full_wrapper, piecewise_factory
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.counters import counters
@@ -55,6 +52,9 @@ from cgcompile.errors import ConfigError
 from cgcompile.passes.mutation import ANALYSIS_ERRORS, Effects, find_effects
 from cgcompile.passes.op_match import OpMatcher, unknown_op_names
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
+from cgcompile.runtime.compiled_graph import CompiledGraph
+from cgcompile.runtime.inputs import InputPlan
+from cgcompile.runtime.report import INDUCTOR_PARTITION, GraphReport, PieceInfo
 from cgcompile.wrappers import CUDAGraphWrapper, make_graph_runtime
 
 logger = logging.getLogger(__name__)

@@ -17,12 +17,12 @@ import torch
 from torch import fx
 
 from cgcompile.attention import attention_support_of, unsplit_attention
-from cgcompile.backend.inputs import InputPlan
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE
 from cgcompile.errors import ConfigError
 from cgcompile.passes.op_match import OpMatcher
 from cgcompile.passes.pad_safety import check_pad_safety
+from cgcompile.runtime.inputs import InputPlan
 
 
 def with_pad_safety(

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cgcompile.backend.inputs import InputPlan
 from cgcompile.config import CompilationConfig, CUDAGraphMode
+from cgcompile.runtime.inputs import InputPlan
 from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
 from cgcompile.wrappers.partition_adapter import WrapperFactory
 

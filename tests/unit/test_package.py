@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import cgcompile
-from cgcompile.backend.bulk_capture import describe_key
 from cgcompile.forward_context import BatchDescriptor
+from cgcompile.runtime.report import describe_key
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = (ROOT / "docs" / "reference.md").read_text()
@@ -97,3 +97,50 @@ def test_torch_logs_enables_cgcompile_debug_logs() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "cgcompile/backend/pipeline.py" in result.stderr  # INFO: the resolved mode
     assert "cgcompile/wrappers/cuda_graph_wrapper.py" in result.stderr  # DEBUG: captures
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The cgcompile modules a file imports (anywhere in it, TYPE_CHECKING blocks included):
+    `from pkg import mod` counts as `pkg.mod`, not as the package."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cgcompile"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("cgcompile"))
+    return found
+
+
+def _module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_imports_flow_one_way_without_circles() -> None:
+    """passes/ and wrappers/ import neither backend/ nor runtime/; runtime/ does not import
+    backend/ (the compile side builds what runs, never the other way); no module imports
+    itself back through another."""
+    files = {_module_of(p): p for p in (ROOT / "cgcompile").rglob("*.py")}
+    graph = {
+        m: {i for i in _imports(p, set(files)) if i in files and i != m} for m, p in files.items()
+    }
+    for module, imported in graph.items():
+        layer = module.split(".")[1] if "." in module else ""
+        banned = {"passes": ("backend", "runtime"), "wrappers": ("backend", "runtime")}.get(
+            layer, ("backend",) if layer == "runtime" else ()
+        )
+        bad = [i for i in imported if i.split(".")[1:2] and i.split(".")[1] in banned]
+        assert not bad, f"{module} imports {bad}"
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        for nxt in graph[start]:
+            if nxt == target or (nxt not in seen and (seen.add(nxt) or reaches(nxt, target, seen))):
+                return True
+        return False
+
+    circles = [m for m in graph if reaches(m, m, set())]
+    assert not circles, f"modules in an import circle: {circles}"

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import cgcompile
-from cgcompile.backend.inputs import InputPlan
 from cgcompile.passes.pad_safety import check_pad_safety
+from cgcompile.runtime.inputs import InputPlan
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
 from tests.support.models import CacheStep, silly_model
 from tests.support.semantics import (

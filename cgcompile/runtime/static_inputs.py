@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from cgcompile.backend.inputs import InputPlan
+from cgcompile.runtime.inputs import InputPlan
 
 
 class StaticInputs:

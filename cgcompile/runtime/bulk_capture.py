@@ -19,23 +19,42 @@ import contextlib
 import gc
 import logging
 import threading
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import torch
 
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
+from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import CaptureError, CGCompileError
-from cgcompile.forward_context import BatchDescriptor, set_forward_context
+from cgcompile.forward_context import set_forward_context
+from cgcompile.runtime.inputs import InputPlan
+from cgcompile.runtime.instances import InstanceSlots
+from cgcompile.runtime.ownership import ThreadOwner
+from cgcompile.runtime.report import describe_key
+from cgcompile.runtime.static_inputs import StaticInputs
+from cgcompile.wrappers import CUDAGraphWrapper
 
-if TYPE_CHECKING:
-    from cgcompile.backend.compiled_graph import CompiledGraph
+
+class Capturable(Protocol):
+    """What capture needs of a `cgcompile.runtime.CompiledGraph`."""
+
+    report_id: int
+    owner: ThreadOwner
+    instances: InstanceSlots
+    dispatcher: CudagraphDispatcher
+    wrappers: list[CUDAGraphWrapper]
+    static_inputs: StaticInputs
+    plan: InputPlan
+    runnable: Callable[..., Any]
+    shapes_only: Callable[[], contextlib.AbstractContextManager[None]] | None
+
 
 logger = logging.getLogger(__name__)
 
 
-def capture_graphs(graph: CompiledGraph, progress: bool) -> int:
+def capture_graphs(graph: Capturable, progress: bool) -> int:
     """Capture every listed key for every live instance of `graph`; returns graphs recorded."""
     graph_id = graph.report_id
     if not graph.owner.claim():
@@ -74,7 +93,7 @@ def capture_graphs(graph: CompiledGraph, progress: bool) -> int:
     return captured
 
 
-def _unready_modes(graph: CompiledGraph) -> set[CUDAGraphMode]:
+def _unready_modes(graph: Capturable) -> set[CUDAGraphMode]:
     """Runtime modes with a wrapper whose callable never ran: a compiled kernel's first run
     cannot happen inside a capture, so their keys are left to lazy capture (one WARNING).
     FULL_AND_PIECEWISE with a whole-graph compile for its full graphs needs one decode call
@@ -98,7 +117,7 @@ def _unready_modes(graph: CompiledGraph) -> set[CUDAGraphMode]:
 
 
 def _capture_key(
-    graph: CompiledGraph, slot: int, example: list[Any], mode: CUDAGraphMode, desc: Any
+    graph: Capturable, slot: int, example: list[Any], mode: CUDAGraphMode, desc: Any
 ) -> None:
     args = graph.static_inputs.at_size(example, desc.num_tokens)
     shape_key = graph.plan.shape_key(args)
@@ -126,18 +145,6 @@ def _capture_key(
             describe_key((desc, shape_key, slot)),
             exc,
         )
-
-
-def describe_key(key: tuple[BatchDescriptor, tuple[int, ...], int]) -> str:
-    """`24u24[24, 24]#1`: padded tokens, `u` and requests for uniform decode, the graph's int
-    inputs unless they are just the token count, `#k` for the k-th module instance after the
-    first."""
-    desc, sizes, instance = key
-    text = f"{desc.num_tokens}"
-    if desc.uniform:
-        text += f"u{desc.num_reqs}"
-    text += f"{list(sizes)}" if sizes and sizes != (desc.num_tokens,) else ""
-    return text + (f"#{instance}" if instance else "")
 
 
 def _progress(items: list[Any], enabled: bool, name: str) -> Iterable[Any]:

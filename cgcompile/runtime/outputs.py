@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from cgcompile.backend.inputs import InputPlan
+from cgcompile.runtime.inputs import InputPlan
 
 
 def _storage_users(t: torch.Tensor) -> int:

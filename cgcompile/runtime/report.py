@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from cgcompile.forward_context import BatchDescriptor
+
 FX_SPLIT = "FX split"
 INDUCTOR_PARTITION = "Inductor partition"
 
@@ -94,3 +96,15 @@ class GraphReport:
             f"{self.compile_path}: {len(self.pieces)} pieces ({n_cap} capturable, "
             f"{shared} reuse a compile)"
         )
+
+
+def describe_key(key: tuple[BatchDescriptor, tuple[int, ...], int]) -> str:
+    """`24u24[24, 24]#1`: padded tokens, `u` and requests for uniform decode, the graph's int
+    inputs unless they are just the token count, `#k` for the k-th module instance after the
+    first."""
+    desc, sizes, instance = key
+    text = f"{desc.num_tokens}"
+    if desc.uniform:
+        text += f"u{desc.num_reqs}"
+    text += f"{list(sizes)}" if sizes and sizes != (desc.num_tokens,) else ""
+    return text + (f"#{instance}" if instance else "")

@@ -38,15 +38,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from cgcompile.backend import bulk_capture
-from cgcompile.backend.fallbacks import FallbackLog
-from cgcompile.backend.inputs import InputPlan
-from cgcompile.backend.instances import InstanceSlots
-from cgcompile.backend.outputs import Outputs
-from cgcompile.backend.ownership import ThreadOwner
-from cgcompile.backend.report import GraphReport
-from cgcompile.backend.static_inputs import StaticInputs
-from cgcompile.backend.variants import SizeVariants
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
@@ -56,6 +47,15 @@ from cgcompile.forward_context import (
     current_forward_context,
     set_forward_context,
 )
+from cgcompile.runtime import bulk_capture
+from cgcompile.runtime.fallbacks import FallbackLog
+from cgcompile.runtime.inputs import InputPlan
+from cgcompile.runtime.instances import InstanceSlots
+from cgcompile.runtime.outputs import Outputs
+from cgcompile.runtime.ownership import ThreadOwner
+from cgcompile.runtime.report import GraphReport, describe_key
+from cgcompile.runtime.static_inputs import StaticInputs
+from cgcompile.runtime.variants import SizeVariants
 from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
 
 logger = logging.getLogger(__name__)
@@ -235,8 +235,7 @@ class CompiledGraph:
             captured.setdefault(str(wrapper.runtime_mode), set()).update(wrapper.captured_keys())
         self._report.captured = {
             mode: [
-                bulk_capture.describe_key(k)
-                for k in sorted(keys, key=lambda k: (k[2], k[0].num_tokens, k[1]))
+                describe_key(k) for k in sorted(keys, key=lambda k: (k[2], k[0].num_tokens, k[1]))
             ]
             for mode, keys in captured.items()
         }
