@@ -6,7 +6,10 @@ The model: a 16-layer Llama config (hidden 1024, 16 heads, 8 KV heads, FFN 2816,
 random weights, bf16 on CUDA (fp32 on CPU with --quick). A batch of 4 random prompts of 32
 tokens, greedy. HF runs the prefill without compile and every decode step through the
 compiled forward, which writes the static cache and its length counter in place. cgcompile
-peers run inside `batch_hint(uniform_decode=True)`: every compiled call is a decode step.
+peers are called as HF users call them, without a `batch_hint` (decode steps are recognised
+from `input_ids` of shape [batch, 1]); `--hint` wraps them in `batch_hint(uniform_decode=True)`.
+Per peer also: CUDA graphs captured per timed generate() (after the first), and whether HF's
+kept static cache tensors moved between generate() calls.
 
 Each peer has its own copy of the model (same weights). Per peer: the first generate
 (compile, warm-up, capture) timed alone; then, in rounds where the peers take turns in a
@@ -53,7 +56,7 @@ def make_model(quick: bool, device: str, dtype: torch.dtype) -> Any:
     return LlamaForCausalLM(config).to(device, dtype).eval()
 
 
-def generate_kwargs(peer: str, new_tokens: int) -> tuple[dict[str, Any], Any]:
+def generate_kwargs(peer: str, new_tokens: int, hint: bool = False) -> tuple[dict[str, Any], Any]:
     """generate() keyword arguments and the context to call it in, for one peer."""
     from transformers import CompileConfig
 
@@ -71,7 +74,9 @@ def generate_kwargs(peer: str, new_tokens: int) -> tuple[dict[str, Any], Any]:
         config = CompileConfig(backend="cudagraph_modes", mode=None, options=options)
         config._compile_all_devices = True
         kwargs["compile_config"] = config
-        return kwargs, cgcompile.batch_hint(uniform_decode=True)
+        if hint:
+            return kwargs, cgcompile.batch_hint(uniform_decode=True)
+        return kwargs, contextlib.nullcontext()
     else:  # HF's own default: Inductor with mode="reduce-overhead"
         config = CompileConfig()
         config._compile_all_devices = True
@@ -79,8 +84,12 @@ def generate_kwargs(peer: str, new_tokens: int) -> tuple[dict[str, Any], Any]:
     return kwargs, contextlib.nullcontext()
 
 
+HINT = False
+"""--hint: cgcompile peers run inside batch_hint(uniform_decode=True)."""
+
+
 def timed_generate(model: Any, prompts: torch.Tensor, peer: str, new_tokens: int) -> tuple:
-    kwargs, context = generate_kwargs(peer, new_tokens)
+    kwargs, context = generate_kwargs(peer, new_tokens, HINT)
     if prompts.is_cuda:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -109,31 +118,50 @@ def time_in_turns(
     peers = [p for p in models if "error" not in results[p]]
     full: dict[str, list[float]] = {p: [] for p in peers}
     prefill: dict[str, list[float]] = {p: [] for p in peers}
+    captured: dict[str, list[int]] = {p: [] for p in peers}
+    addresses = {p: _cache_addresses(models[p]) for p in peers}
     for r in range(args.repeats):
         for peer in peers[r % len(peers) :] + peers[: r % len(peers)]:
+            before = cgcompile.counters.num_cudagraph_captured
             tokens, ms = timed_generate(models[peer], prompts, peer, args.new_tokens)
+            captured[peer].append(cgcompile.counters.num_cudagraph_captured - before)
             full[peer].append(ms)
             prefill[peer].append(timed_generate(models[peer], prompts, peer, 1)[1])
             results[peer]["tokens"] = tokens.tolist()
+            if _cache_addresses(models[peer]) != addresses[peer]:
+                results[peer]["cache_moved"] = True
     for peer in peers:
         per_token = statistics.median(
             (f - p) / (args.new_tokens - 1) for f, p in zip(full[peer], prefill[peer], strict=True)
         )
+        results[peer].setdefault("cache_moved", False)
         results[peer].update(
+            graphs_captured_per_generate=captured[peer],
             generate_ms_median=statistics.median(full[peer]),
             prefill_ms_median=statistics.median(prefill[peer]),
             ms_per_token=per_token,
         )
 
 
+def _cache_addresses(model: Any) -> list[int]:
+    """Addresses of the key/value tensors of the static cache HF keeps on the model."""
+    cache = getattr(model, "_cache", None)
+    layers = getattr(cache, "layers", [])
+    keys = [getattr(layer, "keys", None) for layer in layers]
+    return [t.data_ptr() for t in keys if t is not None]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7, help="rounds of timed generates")
     parser.add_argument("--peers", nargs="*", default=list(PEERS))
+    parser.add_argument("--hint", action="store_true", help="cgcompile peers in batch_hint")
     args = parser.parse_args()
+    global HINT
+    HINT = args.hint
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     torch._dynamo.config.recompile_limit = 64  # every peer's model shares forward's code
@@ -160,19 +188,22 @@ def main() -> int:
 
 def summarize(results: dict, args: argparse.Namespace, device: str, dtype: torch.dtype) -> dict:
     eager = results.get("eager", {}).get("tokens")
-    hf = results.get("hf_default_compile", {}).get("ms_per_token")
+    hf = results.get("hf_default_compile", {}).get("generate_ms_median")
     lines = [
-        "| peer | ms / new token | vs HF default compile | first generate s | tokens equal eager |",
-        "|---|---|---|---|---|",
+        "| peer | ms / generate | vs HF | ms / new token | first generate s | graphs captured per "
+        "generate | cache moved | tokens equal eager |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for peer, r in results.items():
         if "error" in r:
             lines.append(f"| {peer} | error: {r['error'][:80]} | | | |")
             continue
-        ratio = f"{r['ms_per_token'] / hf:.2f}" if hf else "-"
+        ratio = f"{r['generate_ms_median'] / hf:.2f}" if hf else "-"
         same = _matching_prefix(r["tokens"], eager) if eager else "-"
         lines.append(
-            f"| {peer} | {r['ms_per_token']:.3f} | {ratio} | {r['first_generate_s']:.1f} | {same} |"
+            f"| {peer} | {r['generate_ms_median']:.1f} | {ratio} | {r['ms_per_token']:.3f} | "
+            f"{r['first_generate_s']:.1f} | {r['graphs_captured_per_generate']} | "
+            f"{r['cache_moved']} | {same} |"
         )
     return {
         "date": datetime.date.today().isoformat(),
@@ -180,6 +211,7 @@ def summarize(results: dict, args: argparse.Namespace, device: str, dtype: torch
         "torch": torch.__version__,
         "dtype": str(dtype),
         "new_tokens": args.new_tokens,
+        "hint": args.hint,
         "repeats": args.repeats,
         "results": results,
         "table": "\n".join(lines),

@@ -26,6 +26,7 @@ from cgcompile.forward_context import (
 )
 from cgcompile.resolution import Downgrade, Resolution, Rule, resolve_cudagraph_mode
 from cgcompile.runtime import CompiledGraph, capture_all, compiled_graphs
+from cgcompile.runtime.trusted import trusted
 from cgcompile.wrappers import CUDAGraphWrapper
 
 __all__ = [
@@ -56,5 +57,6 @@ __all__ = [
     "register_attention_op",
     "resolve_cudagraph_mode",
     "set_forward_context",
+    "trusted",
     "validate_options",
 ]

@@ -82,9 +82,11 @@ class ForwardContext:
             )
 
 
-_forward_context: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
+FORWARD_CONTEXT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(
     "cgcompile_forward_context", default=None
 )
+"""The active context: set by `set_forward_context`, and by the backend's prebuilt calls
+(`runtime.ready`), which set a context built once instead of entering the manager."""
 
 
 @contextlib.contextmanager
@@ -116,16 +118,16 @@ def set_forward_context(
     ctx = ForwardContext(
         cudagraph_runtime_mode, batch_descriptor, shape_key, capture_only, instance
     )
-    token = _forward_context.set(ctx)
+    token = FORWARD_CONTEXT.set(ctx)
     try:
         yield ctx
     finally:
-        _forward_context.reset(token)
+        FORWARD_CONTEXT.reset(token)
 
 
 def get_forward_context() -> ForwardContext:
     """The active context; RuntimeError outside `set_forward_context`."""
-    ctx = _forward_context.get()
+    ctx = FORWARD_CONTEXT.get()
     if ctx is None:
         raise RuntimeError("no forward context is set; use `with set_forward_context(...)`")
     return ctx
@@ -133,12 +135,12 @@ def get_forward_context() -> ForwardContext:
 
 def is_forward_context_available() -> bool:
     """Whether a `set_forward_context` block is active in this thread or task."""
-    return _forward_context.get() is not None
+    return FORWARD_CONTEXT.get() is not None
 
 
 def current_forward_context() -> ForwardContext | None:
     """The active context or None: the cheap read the replay path uses."""
-    return _forward_context.get()
+    return FORWARD_CONTEXT.get()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -81,6 +81,8 @@ def compile_graph(
         plan = with_pad_safety(gm, example_inputs, plan)
     if runtime_kind == "cuda":
         plan = plan.with_host_scalars(example_inputs)
+    if support == AttentionCGSupport.ALWAYS:
+        plan = plan.with_decode_by_shape(gm, config.uniform_decode_query_len)
     resolution = resolve_cudagraph_mode(
         config.cudagraph_mode,
         support,

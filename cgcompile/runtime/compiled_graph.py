@@ -42,9 +42,9 @@ from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.forward_context import (
+    FORWARD_CONTEXT,
     ForwardContext,
     current_batch_hint,
-    current_forward_context,
     set_forward_context,
 )
 from cgcompile.runtime import bulk_capture
@@ -53,13 +53,14 @@ from cgcompile.runtime.inputs import InputPlan
 from cgcompile.runtime.instances import InstanceSlots
 from cgcompile.runtime.outputs import Outputs
 from cgcompile.runtime.ownership import ThreadOwner
+from cgcompile.runtime.ready import ReadyCall
 from cgcompile.runtime.report import GraphReport, describe_key
 from cgcompile.runtime.static_inputs import StaticInputs
 from cgcompile.runtime.variants import SizeVariants
 from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
 
 logger = logging.getLogger(__name__)
-NONE = CUDAGraphMode.NONE
+NONE, FULL = CUDAGraphMode.NONE, CUDAGraphMode.FULL
 
 _live_graphs: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 
@@ -108,6 +109,10 @@ class CompiledGraph:
         )
         self._outputs: dict[int, Outputs] = {}
         """Per module instance (slot): its graphs have a memory pool of their own."""
+        self._sized = bool(self._variants.positions or self._variants.host)
+        """Whether non-batch ints or host scalars are part of the key."""
+        self._ready: dict[tuple[Any, ...], ReadyCall] = {}
+        """(slot, n, batch kind, sizes) -> the prebuilt steady state of a verified key."""
         _live_graphs.add(self)
 
     @property
@@ -120,7 +125,7 @@ class CompiledGraph:
             return self.runnable(*args)
         if self.owner.ident != threading.get_ident() and not self.owner.claim():
             return self._run_eager(args, None, "thread", self.traced)
-        ctx = current_forward_context()
+        ctx = FORWARD_CONTEXT.get()
         if ctx is not None:
             return self._run_manual(ctx, args)
         slot = self.instances.slot_of(args)
@@ -128,12 +133,43 @@ class CompiledGraph:
             return self._run_eager(args, None, "instances")
         if self.plan.in_place and not self.instances.same_in_place(slot, args):
             return self._run_eager(args, None, "moved")
-        self.instances.remember(slot, args, with_graphs=False)
         n = self.plan.batch_size(args)
-        mode, desc = self._dispatch(n)
+        if n is None:
+            return self._run_eager(args, None, "shape")
+        kind = self._batch_kind(n)
+        key = (slot, n, kind, self._variants.key(args) if self._sized else ())
+        ready = self._ready.get(key)
+        if ready is not None and (not ready.outputs.still_held() or ready.outputs.release()):
+            return ready(args)  # the steady state
+        return self._first_calls(args, slot, n, kind, key)
+
+    def _batch_kind(self, n: int) -> tuple[bool, bool] | None:
+        """(uniform decode, LoRA) of this call, from `batch_hint` or, without one, from the
+        inputs' shape (`plan.decode_by_shape`); None when the hint forbids runtime modes."""
+        hint = current_batch_hint()
+        if hint is None:
+            return self.plan.decode_by_shape, False
+        if hint.invalid_modes:
+            return None
+        uniform = hint.uniform_decode
+        if uniform is None:
+            if hint.num_reqs is None:
+                uniform = self.plan.decode_by_shape
+            else:
+                uniform = n == hint.num_reqs * self.dispatcher.uniform_decode_query_len
+        return bool(uniform), hint.has_lora
+
+    def _first_calls(
+        self, args: tuple[Any, ...], slot: int, n: int, kind: Any, key: tuple[Any, ...]
+    ) -> Any:
+        """Every call but the steady state: dispatch, the checks that may run it without
+        graphs, the wrappers (warm-up, capture, first replay), then a `ReadyCall` if the key's
+        graphs are all verified."""
+        self.instances.remember(slot, args, with_graphs=False)
+        mode, desc = self._dispatch(n, kind)
         if mode == NONE:
             return self._run_eager(args, n)
-        if not self._variants.admits(args):
+        if not self._variants.admits(key[3]):
             return self._run_eager(args, n, "variants")
         if desc.num_tokens != n and self.plan.pad_unsafe is not None:
             return self._run_eager(args, n, "unpadded")
@@ -143,7 +179,38 @@ class CompiledGraph:
         if outputs.still_held() and not outputs.release():
             outputs.start_copying()
             return self._run_eager(args, n, "held")
-        return self._run_graphs(args, slot, n, mode, desc, outputs)
+        padded = desc.num_tokens
+        static_args = self.static_inputs.fill(args, n, padded)
+        self.instances.remember(slot, static_args, with_graphs=True)
+        shape_key = self.plan.shape_key(static_args)
+        with set_forward_context(mode, desc, shape_key=shape_key, instance=slot) as ctx:
+            out = self.runnable(*static_args)
+        if self.plan.copied_back:
+            self.static_inputs.copy_back(args, static_args, n, padded)
+        if kind is not None:
+            self._make_ready(key, ctx, static_args, n, outputs)
+        return outputs.hand_out(out, n, padded)
+
+    def _make_ready(
+        self,
+        key: tuple[Any, ...],
+        ctx: ForwardContext,
+        static_args: list[Any],
+        n: int,
+        outputs: Outputs,
+    ) -> None:
+        """Prebuild the key's steady state once every graph it replays is verified."""
+        mode = ctx.cudagraph_runtime_mode
+        entries = [w.entries.get(ctx.graph_key) for w in self.wrappers if w.runtime_mode is mode]
+        if not entries or any(e is None or not e.verified for e in entries):
+            return
+        padded = ctx.batch_descriptor.num_tokens
+        common = (static_args, n, padded, self.plan, self.static_inputs, outputs)
+        if mode is FULL:
+            (entry,) = entries
+            self._ready[key] = ReadyCall(*common, graph=entry.graph)
+        else:
+            self._ready[key] = ReadyCall(*common, piecewise=(self.runnable, ctx))
 
     @property
     def copies_outputs(self) -> bool:
@@ -165,25 +232,6 @@ class CompiledGraph:
         ):
             return self.runnable(*args)
 
-    def _run_graphs(
-        self,
-        args: tuple[Any, ...],
-        slot: int,
-        n: int,
-        mode: CUDAGraphMode,
-        desc: Any,
-        outputs: Outputs,
-    ) -> Any:
-        padded = desc.num_tokens
-        static_args = self.static_inputs.fill(args, n, padded)
-        self.instances.remember(slot, static_args, with_graphs=True)
-        shape_key = self.plan.shape_key(static_args)
-        with set_forward_context(mode, desc, shape_key=shape_key, instance=slot):
-            out = self.runnable(*static_args)
-        if self.plan.copied_back:
-            self.static_inputs.copy_back(args, static_args, n)
-        return outputs.hand_out(out, n, padded)
-
     def capture_all(self, progress: bool = True) -> int:
         """Capture every graph the dispatcher lists now, instead of on first use, for every
         live module instance (see `bulk_capture`); runs nothing, so no tensor changes. Needs
@@ -191,12 +239,10 @@ class CompiledGraph:
         thread that owns the graphs. Returns graphs captured."""
         return bulk_capture.capture_graphs(self, progress) if self.uses_graphs else 0
 
-    def _dispatch(self, n: int | None) -> tuple[CUDAGraphMode, Any]:
-        if n is None:
-            return NONE, None
-        hint = current_batch_hint()
-        if hint is None:
-            return self.dispatcher.dispatch(n)
+    def _dispatch(self, n: int, kind: tuple[bool, bool] | None) -> tuple[CUDAGraphMode, Any]:
+        if kind is not None:
+            return self.dispatcher.dispatch(n, *kind)
+        hint = current_batch_hint()  # invalid modes: no memo
         uniform = hint.uniform_decode
         if uniform is None and hint.num_reqs is not None:
             uniform = n == hint.num_reqs * self.dispatcher.uniform_decode_query_len
@@ -219,6 +265,7 @@ class CompiledGraph:
     def _drop_instance(self, slot: int) -> None:
         """A module instance was freed: its graphs go too (their pool blocks are reused)."""
         self._outputs.pop(slot, None)
+        self._ready = {key: call for key, call in self._ready.items() if key[0] != slot}
         for wrapper in self.wrappers:
             wrapper.drop_instance(slot)
         logger.debug("graph %d: module instance %d freed, its graphs dropped", self.report_id, slot)

@@ -67,6 +67,11 @@ class InputPlan:
     buffer_outputs: tuple[int, ...] = ()
     """Tensor outputs that alias a copied input: views of a static buffer the next call
     refills."""
+    decode_by_shape: bool = False
+    """Calls without a `batch_hint` are uniform decode batches: a token input has a static
+    second dim of q (HF's `input_ids` of shape [batch, 1]), so each row is one request of q
+    tokens. Set only where full graphs serve every kind of batch (attention support ALWAYS),
+    so a misread batch still replays an exact graph."""
     host_scalars: tuple[int, ...] = ()
     """One-element CPU tensors among the user inputs of a graph that runs on CUDA (a float
     attribute Dynamo passes as a tensor and reads with `.item()`): the host reads them while a
@@ -160,13 +165,27 @@ class InputPlan:
         )
         return dataclasses.replace(self, host_scalars=host)
 
+    def with_decode_by_shape(self, gm: fx.GraphModule, q: int) -> InputPlan:
+        """This plan with `decode_by_shape` set if an integer batch input has a static second
+        dim of q."""
+        values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        by_shape = any(
+            not values[i].is_floating_point()
+            and values[i].dim() >= 2
+            and type(values[i].shape[1]) is int
+            and values[i].shape[1] == q
+            for i in self.batch_tensors
+        )
+        return dataclasses.replace(self, decode_by_shape=by_shape)
+
     def batch_size(self, args: Sequence[Any]) -> int | None:
         """The batch of this call, or None when the user's batch tensors disagree on it."""
         if not self.batch_tensors:
             return None
         n = args[self.batch_tensors[0]].shape[0]
-        if any(args[i].shape[0] != n for i in self.batch_tensors[1:]):
-            return None
+        for i in self.batch_tensors:
+            if args[i].shape[0] != n:
+                return None
         return n
 
 

@@ -10,6 +10,19 @@ freed (the model was deleted), the slot is dropped, `on_drop(slot)` frees its gr
 later instance reuses the number. Per slot it also keeps the addresses of the inputs the graph
 writes in place and the example call `capture_all` records with.
 
+The check costs O(1) per call in the steady state, whatever the model's size: two
+representative tensors, the first and the last parameter among the static inputs (buffers, such
+as rotary tables, are often shared by the instances of a layer), name the slot, and the
+identity of all static tensors is compared again only after a *parameter event*, counted
+process-wide (`EVENTS`): a parameter, buffer or submodule assigned to any module (torch's global
+registration hooks: `module.weight = p`, `register_buffer`, `load_state_dict(assign=True)`) or a
+static tensor of a slot freed (its weak reference's callback). Not seen: writes that bypass the
+module (`module._parameters[name] = t`, as `torch.func.functional_call` does, or `p.data = t`;
+assign through the module, or copy into the parameter, `p.copy_(t)`, which keeps its address),
+and two instances of one class that share both representatives but not every parameter, when
+neither was built after the other's first call (a built module registers its parameters: an
+event).
+
     slots = InstanceSlots(plan.static_tensors, plan.in_place, on_drop=forget, borrow=borrow)
     slot = slots.slot_of(args)          # None: more live instances than MAX_INSTANCES
 """
@@ -28,6 +41,30 @@ MAX_INSTANCES = 16
 """Live module instances that get graphs of their own; calls of further ones run eagerly."""
 
 
+class ParameterEvents:
+    """Counts the events after which a module's static tensors may be other tensors."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        """Read on every call; bumped by the hooks below and by freed static tensors."""
+        for register in (
+            torch.nn.modules.module.register_module_parameter_registration_hook,
+            torch.nn.modules.module.register_module_buffer_registration_hook,
+            torch.nn.modules.module.register_module_module_registration_hook,
+        ):
+            register(self._hook)
+
+    def _hook(self, module: torch.nn.Module, name: str, value: Any) -> None:
+        self.count += 1
+
+    def bump(self) -> None:
+        self.count += 1
+
+
+EVENTS = ParameterEvents()
+"""Process-wide: a parameter assigned anywhere may be one of any compiled graph's inputs."""
+
+
 @dataclasses.dataclass(eq=False)
 class Instance:
     """One module instance seen by a compiled graph."""
@@ -35,6 +72,9 @@ class Instance:
     ids: tuple[int, ...]
     """`id` of each static tensor, in input order: the instance's identity while all live."""
     refs: list[weakref.ref[torch.Tensor]]
+    checked: int = -1
+    """`EVENTS.count` when `ids` were last compared in full: until the next event, the first
+    static tensor alone names this instance."""
     in_place_ptrs: tuple[int, ...] | None = None
     """Addresses of the inputs written in place, at this instance's first call."""
     example: list[Any] | None = None
@@ -58,18 +98,57 @@ class InstanceSlots:
         # a tuple even for one index: that one is repeated
         self._get = operator.itemgetter(*static, *static[:1]) if static else lambda args: ()
         self._slots: list[Instance | None] = []
+        self._reps: tuple[int, int] | None = None
+        """Positions of the two representative tensors, chosen at the first call."""
+        self._by_reps: dict[tuple[int, int], int] = {}
+        """`id`s of the representatives -> slot, for instances whose pair is theirs alone (a
+        pair shared by live instances is in `_shared`)."""
+        self._shared: set[tuple[int, int]] = set()
+        self.full_checks = 0
+        """Calls whose static tensors were compared in full (the rest cost one lookup)."""
         self._on_drop = on_drop
         self._borrow = borrow
         self._remembered = False
 
     def slot_of(self, args: Sequence[Any]) -> int | None:
         """The slot of the instance whose static tensors `args` carries, new if unseen."""
+        if not self._static:
+            return self._slot_without_statics()
+        reps = self._reps
+        if reps is not None:
+            slot = self._by_reps.get((id(args[reps[0]]), id(args[reps[1]])))
+            if slot is not None and self._slots[slot].checked == EVENTS.count:
+                return slot
+        return self._full_check(args)
+
+    def _full_check(self, args: Sequence[Any]) -> int | None:
+        self.full_checks += 1
         statics = self._get(args)
         ids = tuple(map(id, statics))
-        for slot, instance in enumerate(self._slots):
-            if instance is not None and instance.ids == ids:
-                return slot
-        return self._add(ids, statics)
+        slot = next((k for k, inst in enumerate(self._slots) if inst and inst.ids == ids), None)
+        if slot is None:
+            slot = self._add(ids, statics)
+            if slot is None:
+                return None
+        self._slots[slot].checked = EVENTS.count
+        if self._reps is None:
+            params = [i for i in self._static if isinstance(args[i], torch.nn.Parameter)]
+            self._reps = (params[0], params[-1]) if params else (self._static[0], self._static[-1])
+        pair = (id(args[self._reps[0]]), id(args[self._reps[1]]))
+        if pair not in self._shared:
+            owner = self._by_reps.setdefault(pair, slot)
+            if owner != slot and self._slots[owner] is not None:
+                self._shared.add(pair)  # two live instances share both representatives
+                del self._by_reps[pair]
+            else:
+                self._by_reps[pair] = slot
+        return slot
+
+    def _slot_without_statics(self) -> int:
+        """A graph without parameters or buffers: every call is the one instance."""
+        if not self._slots:
+            self._slots.append(Instance((), []))
+        return 0
 
     def live(self) -> list[int]:
         return [slot for slot, instance in enumerate(self._slots) if instance is not None]
@@ -128,6 +207,9 @@ class InstanceSlots:
 
     def _drop(self, slot: int, instance: Instance) -> None:
         """A static tensor of `instance` was freed: forget the instance and its graphs."""
+        EVENTS.bump()  # its id may now name a new tensor
         if slot < len(self._slots) and self._slots[slot] is instance:
             self._slots[slot] = None
+            for pair in [p for p, s in self._by_reps.items() if s == slot]:
+                del self._by_reps[pair]
             self._on_drop(slot)

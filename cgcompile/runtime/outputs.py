@@ -63,7 +63,10 @@ class Outputs:
 
     def still_held(self) -> bool:
         """Whether the caller still references an output of the last graphed call."""
-        return any(refs[1]() is not None for refs in self._held)
+        for refs in self._held:
+            if refs[1]() is not None:
+                return True
+        return False
 
     def release(self) -> bool:
         """Move a copy of its data under each held output, so the next replay may write graph
@@ -88,12 +91,12 @@ class Outputs:
     def hand_out(self, out: Sequence[Any], n: int, padded: int) -> list[Any]:
         """The call's outputs for the caller: batch outputs sliced to the real rows n."""
         out = list(out)
-        roots = {}
+        roots = []
         if not self.copies:
             for i in self.handed:
                 graph_output = out[i]
                 root = out[i] = graph_output.detach()  # a tensor of its own, untracked by views
-                roots[i] = (weakref.ref(root), weakref.ref(graph_output))
+                roots.append((i, weakref.ref(root), weakref.ref(graph_output)))
         if padded != n:
             for i in self.batch:
                 out[i] = out[i][:n]
@@ -102,5 +105,5 @@ class Outputs:
                 out[i] = out[i].clone()
         for i in self.buffers:
             out[i] = out[i].clone()
-        self._held = [(weakref.ref(out[i]), *refs) for i, refs in roots.items()]
+        self._held = [(weakref.ref(out[i]), root, graph_output) for i, root, graph_output in roots]
         return out

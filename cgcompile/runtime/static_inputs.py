@@ -10,6 +10,11 @@ tensor whose strides depend on the batch size (`x.t()`), the caller's dim order 
 for m rows. Rows n..m-1 hold the tensor's pad value (zero unless declared). `copy_back` writes
 the real rows of the batch tensors the graph mutated back into the caller's tensors.
 
+Pad rows are written only where a call may have left other data: each storage of batch rows
+keeps `Rows.dirty`, the number of leading rows that may hold data, so a decode loop at one size
+copies its n rows and pads nothing (batch tensors whose layout depends on the batch size, or
+expanded ones, are padded on every call).
+
     static = StaticInputs(plan, max_batch=512)
     args = static.fill(user_args, n=5, padded=8)    # batch tensors: views of 8 rows
     out = graph(*args); static.copy_back(user_args, args, n=5)
@@ -25,6 +30,27 @@ import torch
 from cgcompile.runtime.inputs import InputPlan
 
 
+class Rows:
+    """The batch rows of one static storage: how many leading ones may hold data."""
+
+    __slots__ = ("dirty", "pad")
+
+    def __init__(self, pad: Any) -> None:
+        self.dirty = 0
+        """Rows from here on hold the pad value (a new storage is filled with it)."""
+        self.pad = pad
+
+    def written(self, view: torch.Tensor, n: int, padded: int) -> None:
+        """Rows 0..n-1 of `view` (`padded` rows) now hold data: pad rows n..padded-1 that may
+        not hold the pad value."""
+        if self.dirty > n:
+            view[n : min(self.dirty, padded)].fill_(self.pad)
+            if self.dirty <= padded:
+                self.dirty = n  # rows past `padded` were pad already
+        else:
+            self.dirty = n
+
+
 class StaticInputs:
     """Buffers per input position, allocated on first use; views cached per size."""
 
@@ -32,17 +58,20 @@ class StaticInputs:
         self.plan = plan
         self.max_batch = max_batch
         self.storages: dict[tuple[Any, ...], torch.Tensor] = {}
-        self._views: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._views: dict[tuple[Any, ...], tuple[torch.Tensor, Rows | None]] = {}
+        self._rows: dict[tuple[Any, ...], Rows] = {}
         self._pads = dict(plan.pad_values)
 
     def fill(self, args: Sequence[Any], n: int, padded: int) -> list[Any]:
         """Copy user tensors into the static buffers; batch tensors padded to `padded` rows."""
         out = list(args)
         for i in self.plan.batch_tensors:
-            view = self._view(i, args[i], padded)
+            view, rows = self.batch_view(i, args[i], padded)
             copy_into(view[:n] if padded != n else view, args[i])
-            if padded != n:
-                self._pad(i, view[n:])
+            if rows is not None:
+                rows.written(view, n, padded)
+            elif padded != n:
+                self.pad(i, view[n:])
             out[i] = view
         for i in self.plan.copied_tensors:
             view = self._view(i, args[i], None)
@@ -52,18 +81,26 @@ class StaticInputs:
             out[i] = padded
         return out
 
-    def copy_back(self, user_args: Sequence[Any], static_args: Sequence[Any], n: int) -> None:
-        """The graph wrote these batch tensors in place: give the caller its real rows."""
+    def copy_back(
+        self, user_args: Sequence[Any], static_args: Sequence[Any], n: int, padded: int
+    ) -> None:
+        """The graph wrote these batch tensors in place: give the caller its real rows (the
+        graph may have written the padded rows too)."""
         for i in self.plan.copied_back:
             copy_into(user_args[i], static_args[i][:n])
+            rows = self._views[self._view_key(i, static_args[i], padded)][1]
+            if rows is not None:
+                rows.dirty = max(rows.dirty, padded)
 
     def at_size(self, args: Sequence[Any], rows: int) -> list[Any]:
         """Arguments for a run at `rows` rows made only of padding rows (pad values, or zeros);
         `args` (any earlier call's) supply the layout, parameters and buffers."""
         out = list(args)
         for i in self.plan.batch_tensors:
-            out[i] = self._view(i, args[i], rows)
-            self._pad(i, out[i])
+            out[i], written = self.batch_view(i, args[i], rows)
+            self.pad(i, out[i])
+            if written is not None and rows >= written.dirty:
+                written.dirty = 0  # every row that may have held data is pad now
         for i in self.plan.copied_tensors:
             out[i] = self._view(i, args[i], None)
         for i in self.plan.size_indices:
@@ -73,17 +110,35 @@ class StaticInputs:
     def nbytes(self) -> int:
         return sum(s.numel() * s.element_size() for s in self.storages.values())
 
-    def _pad(self, i: int, rows: torch.Tensor) -> None:
+    def pad(self, i: int, rows: torch.Tensor) -> None:
         if rows.numel() and rows.stride(0) != 0:  # an expanded batch has no rows of its own
             rows.fill_(self._pads.get(i, 0))
 
+    def batch_view(self, i: int, like: torch.Tensor, rows: int) -> tuple[torch.Tensor, Rows | None]:
+        """The static view of batch input i at `rows` rows and its storage's `Rows` (None
+        where pad rows are written on every call: the layout depends on the batch size, or
+        the view is expanded)."""
+        found = self._views.get(self._view_key(i, like, rows))
+        return found if found is not None else self._add_view(i, like, rows)
+
     def _view(self, i: int, like: torch.Tensor, rows: int | None) -> torch.Tensor:
-        rest = like.shape if rows is None else like.shape[1:]
-        key = (i, rows, rest, like.dtype, like.device)
-        view = self._views.get(key)
-        if view is None:
-            view = self._views[key] = self._make_view(i, like, rows)
-        return view
+        found = self._views.get(self._view_key(i, like, rows))
+        return (found if found is not None else self._add_view(i, like, rows))[0]
+
+    @staticmethod
+    def _view_key(i: int, like: torch.Tensor, rows: int | None) -> tuple[Any, ...]:
+        return (i, rows, like.shape if rows is None else like.shape[1:], like.dtype, like.device)
+
+    def _add_view(
+        self, i: int, like: torch.Tensor, rows: int | None
+    ) -> tuple[torch.Tensor, Rows | None]:
+        view = self._make_view(i, like, rows)
+        tracked = None
+        if rows is not None and i not in self.plan.batch_strided and view.stride(0) != 0:
+            storage_key = (i, like.shape[1:], like.dtype, view.untyped_storage().data_ptr())
+            tracked = self._rows.setdefault(storage_key, Rows(self._pads.get(i, 0)))
+        self._views[self._view_key(i, like, rows)] = (view, tracked)
+        return view, tracked
 
     def _make_view(self, i: int, like: torch.Tensor, rows: int | None) -> torch.Tensor:
         if rows is None:
@@ -94,7 +149,10 @@ class StaticInputs:
             stride = self._strides(i, like, rows)
             biggest = max(rows, self.max_batch)
             most = (biggest, *like.shape[1:]), self._strides(i, like, biggest)
-        storage = self._storage((i, rows is None, like.shape[1:], like.dtype), like, _extent(*most))
+        pad = 0 if rows is None else self._pads.get(i, 0)
+        storage = self._storage(
+            (i, rows is None, like.shape[1:], like.dtype), like, _extent(*most), pad
+        )
         return storage.as_strided(shape, stride)
 
     def _strides(self, i: int, like: torch.Tensor, rows: int) -> tuple[int, ...]:
@@ -102,11 +160,13 @@ class StaticInputs:
             return like.stride()
         return dense_strides((rows, *like.shape[1:]), like)
 
-    def _storage(self, key: tuple[Any, ...], like: torch.Tensor, numel: int) -> torch.Tensor:
+    def _storage(
+        self, key: tuple[Any, ...], like: torch.Tensor, numel: int, pad: Any
+    ) -> torch.Tensor:
         storage = self.storages.get(key)
         if storage is None or storage.numel() < numel:
             # views made before keep the old storage alive: graphs captured on them stay valid
-            storage = torch.zeros(numel, dtype=like.dtype, device=like.device)
+            storage = torch.full((numel,), pad, dtype=like.dtype, device=like.device)
             self.storages[key] = storage
         return storage
 

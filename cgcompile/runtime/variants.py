@@ -9,7 +9,7 @@ graph is captured, so each value needs graphs of its own). `SizeVariants` admits
 without graphs (the backend warns once, naming the inputs).
 
     variants = SizeVariants(positions=(5,), host=())    # e.g. L['start_pos']
-    variants.admits(args)                               # False from the 9th distinct value on
+    variants.admits(variants.key(args))                 # False from the 9th distinct value on
 """
 
 from __future__ import annotations
@@ -29,13 +29,19 @@ class SizeVariants:
         self.host = tuple(host)
         self._seen: set[tuple[Any, ...]] = set()
 
-    def admits(self, args: Sequence[Any]) -> bool:
-        """Whether this call's values have graphs, or may get them (adding them if so)."""
+    def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """This call's values of the non-batch ints and host scalars."""
         if not (self.positions or self.host):
-            return True
+            return ()
         variant = tuple([args[i] for i in self.positions])
         if self.host:
             variant += tuple([args[i].item() for i in self.host])
+        return variant
+
+    def admits(self, variant: tuple[Any, ...]) -> bool:
+        """Whether these values (`key`) have graphs, or may get them (adding them if so)."""
+        if not variant:
+            return True
         if variant in self._seen:
             return True
         if len(self._seen) >= MAX_SIZE_VARIANTS:

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Everything that needs the GPU, in one go: GPU tests, the quickstart on real graphs, the
-# decode benchmark, the Hugging Face generate() benchmark, a step profile (and, when asked for,
-# kernels_diag). Full logs go to $1 (default
-# $OUT or ./out); a short summary is printed last. STAGES picks a subset (e.g.
-# STAGES="tests quickstart") to fit a time limit.
+# Everything that needs the GPU, in one go. Default stages: GPU tests, the quickstart on real
+# graphs, host time per call (host), the decode loop users see (loop), the Hugging Face
+# generate() benchmark (hf); on request: the per-mode decode benchmark (bench), step profiles
+# (profile), paths, interleaved, diag. Full logs go to $1 (default $OUT or ./out); a short
+# summary is printed last. STAGES picks a subset (e.g. STAGES="tests host") to fit a time limit.
 #   bash tests/gpu/run_all.sh "$OUT" [benchmark args, e.g. --quick]
 # On a copied checkout whose git metadata may be stale, give the commit yourself:
 #   CGCOMPILE_COMMIT=abc1234 bash tests/gpu/run_all.sh "$OUT"   (the tree digest is printed too)
 set -uo pipefail
 out="${1:-${OUT:-out}}"; shift || true
-stages="${STAGES:-tests quickstart bench hf profile}"
+stages="${STAGES:-tests quickstart host loop hf}"
 mkdir -p "$out"
 : > "$out/summary.txt"
 cd "$(dirname "$0")/../.."
@@ -35,6 +35,9 @@ run() {  # run STAGE LOG CMD...: record its exit code and last line
   echo "$stage (rc=$code): $(tail -n 1 "$out/$log")" >> "$out/summary.txt"
 }
 run tests gpu-tests.log python -m pytest -q tests/gpu -p no:cacheprovider --durations=15 --junitxml="$out/gpu-tests.xml"
+# host us per call, one process per peer (16 and 64 layers), and the decode loop users see
+run host host-per-call.log python benchmarks/host_per_call.py --out "$out"
+run loop decode-loop.log python benchmarks/decode_loop.py --out "$out" --piecewise
 run quickstart quickstart.log python examples/quickstart.py
 run bench benchmark.log python benchmarks/decode.py --out "$out" "$@"
 run hf hf-generate.log python benchmarks/hf_generate.py --out "$out"
@@ -59,4 +62,6 @@ cat "$out/gpu.txt" "$out/summary.txt"
 grep -hE "^(FAILED|ERROR)" "$out/gpu-tests.log" 2>/dev/null | head -20
 [ -f "$out/benchmark.log" ] && tail -n 12 "$out/benchmark.log"
 [ -f "$out/hf-generate.log" ] && tail -n 8 "$out/hf-generate.log"
+[ -f "$out/host-per-call.log" ] && cat "$out/host-per-call.log"
+[ -f "$out/decode-loop.log" ] && grep "us/token" "$out/decode-loop.log"
 exit $rc

@@ -1,0 +1,207 @@
+"""The peers of the user-facing benchmarks, each a `step(tokens, positions) -> logits` that a
+decode loop calls with fresh input tensors, as a user's loop does.
+
+Each peer gets its own copy of the model (its own KV caches) and its own `forward` code object,
+so in one process Dynamo never walks another peer's cache entries on a call:
+
+- `hand`: Inductor's static compile of the step captured by hand in one CUDA graph per size;
+  a call copies the inputs into its static buffers and replays (the ideal a user could write);
+- `hand_pieces`: the same compiled pieces cgcompile's PIECEWISE replays, captured by hand
+  (`_hand_graphs.HandPiecewise`), SDPA run eagerly between them;
+- `tenline`: a 10-line Dynamo backend: the traced graph captured once on static copies of its
+  example inputs; a call does one `torch._foreach_copy_` of the user inputs and the replay
+  (`tenline/skip-guards` adds `guard_filter_fn=torch.compiler.skip_all_guards_unsafe`);
+- `reduce-overhead`: `torch.compile(mode="reduce-overhead")`;
+- `cg/MODE`: `torch.compile(backend="cudagraph_modes")` in that mode (Inductor pieces, the batch
+  hinted for the capture sizes); `cg/MODE/trusted` with `cgcompile.trusted(...)`.
+
+    peer = make_peer("cg/FULL", model_copy, sizes=[1, 8])
+    logits = peer.step(tokens, positions)
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from benchmarks._hand_graphs import HandPiecewise
+from examples.llama import Llama, mark_batch
+
+StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def own_code(model: Llama) -> Llama:
+    """`model` with a class whose `forward` is a new code object (its own Dynamo cache)."""
+    cls = type(model)
+    f = cls.forward
+    code = f.__code__.replace(co_name=f"{f.__name__}_{id(model):x}")
+    forward = types.FunctionType(code, f.__globals__, code.co_name, f.__defaults__, f.__closure__)
+    model.__class__ = type(cls.__name__, (cls,), {"forward": forward})
+    return model
+
+
+class Peer:
+    """A named step and what it compiled or captured."""
+
+    def __init__(self, name: str, step: StepFn, compiled: Any = None) -> None:
+        self.name = name
+        self.step = step
+        self.compiled = compiled
+        self.replay: Callable[[], Any] | None = None
+        """A bare replay of the peer's graph for the last size stepped, where it has one."""
+        self.cfg: Any = None
+        """The model's config (set by `make_peer`)."""
+
+
+def _warm_up(fn: Callable[[], Any]) -> None:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+
+
+class _HandGraphs:
+    """A callable captured in one CUDA graph per batch size on static copies of its inputs."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Any]] = {}
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> Any:
+        n = tokens.shape[0]
+        if n not in self.graphs:
+            static = [tokens.clone(), positions.clone()]
+            _warm_up(lambda: self.fn(*static))
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self.fn(*static)
+            self.graphs[n] = (graph, static, out)
+        graph, static, out = self.graphs[n]
+        torch._foreach_copy_(static, [tokens, positions])
+        graph.replay()
+        return out
+
+
+def _hand(model: Llama, compiler: str) -> Peer:
+    fn = torch.compile(own_code(model), dynamic=False) if compiler == "inductor" else model
+    hand = _HandGraphs(fn)
+    peer = Peer("hand", hand.step, hand)
+    peer.replay = lambda: next(reversed(hand.graphs.values()))[0].replay()
+    return peer
+
+
+def _hand_pieces(model: Llama) -> Peer:
+    hand = HandPiecewise(own_code(model))
+
+    def step(tokens: torch.Tensor, positions: torch.Tensor) -> Any:
+        n = tokens.shape[0]
+        if n not in hand.pieces:
+            hand.step_for(tokens, positions)  # compiles and captures this size
+        pieces = hand.pieces[n]
+        torch._foreach_copy_([pieces.tokens, pieces.positions], [tokens, positions])
+        return pieces.replay()
+
+    return Peer("hand_pieces", step, hand)
+
+
+def tenline_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    """Capture the traced graph once on static copies of its user inputs; per call one fused
+    copy of those inputs and the replay (parameters and buffers are read in place)."""
+    nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    user = [
+        i
+        for i, (x, node) in enumerate(zip(example_inputs, nodes, strict=True))
+        if isinstance(x, torch.Tensor)
+        and not isinstance(x, nn.Parameter)
+        and not node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")
+    ]
+    args = [x.clone() if i in user else x for i, x in enumerate(example_inputs)]
+    _warm_up(lambda: gm(*args))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gm(*args)
+    static = [args[i] for i in user]
+
+    def run(*call_args: Any) -> Any:
+        torch._foreach_copy_(static, [call_args[i] for i in user])
+        graph.replay()
+        return out
+
+    run.graph = graph  # type: ignore[attr-defined]
+    return run
+
+
+def _tenline(model: Llama, skip_guards: bool) -> Peer:
+    options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe} if skip_guards else None
+    compiled = torch.compile(own_code(model), backend=tenline_backend, options=options)
+    return Peer("tenline/skip-guards" if skip_guards else "tenline", compiled, compiled)
+
+
+def _reduce_overhead(model: Llama) -> Peer:
+    compiled = torch.compile(own_code(model), mode="reduce-overhead", dynamic=False)
+
+    def step(tokens: torch.Tensor, positions: torch.Tensor) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(tokens, positions)
+
+    return Peer("reduce-overhead", step, compiled)
+
+
+def _cgcompile(
+    model: Llama, mode: str, sizes: Sequence[int], trusted: bool, compiler: str, runtime: str
+) -> Peer:
+    import cgcompile
+
+    options = {"cudagraph_mode": mode, "cudagraph_capture_sizes": sorted(sizes)}
+    options.update(compiler=compiler, graph_runtime=runtime)
+    compiled = torch.compile(own_code(model), backend="cudagraph_modes", options=options)
+    target = cgcompile.trusted(compiled) if trusted else compiled
+    uniform = mode != "PIECEWISE"
+    marked: set[int] = set()
+
+    def step(tokens: torch.Tensor, positions: torch.Tensor) -> Any:
+        n = tokens.shape[0]
+        if n not in marked:  # only a call that traces needs marked inputs
+            marked.add(n)
+            mark_batch(model.cfg, tokens, positions, hint=max(sizes) if n > 1 else None)
+        with cgcompile.batch_hint(uniform_decode=uniform):
+            return target(tokens, positions)
+
+    return Peer(f"cg/{mode}" + ("/trusted" if trusted else ""), step, compiled)
+
+
+def make_peer(
+    name: str,
+    model: Llama,
+    sizes: Sequence[int],
+    compiler: str = "inductor",
+    graph_runtime: str = "auto",
+) -> Peer:
+    """The peer called `name` (see the module docstring) on its own deep copy of `model`;
+    `compiler` for the hand graph and cgcompile's pieces ("eager": the model's own ops);
+    `graph_runtime` for cgcompile ("simulated": a CPU smoke run of the cg peers)."""
+    model = copy.deepcopy(model)
+    if name == "hand":
+        peer = _hand(model, compiler)
+    elif name == "hand_pieces":
+        peer = _hand_pieces(model)
+    elif name in ("tenline", "tenline/skip-guards"):
+        peer = _tenline(model, skip_guards=name.endswith("skip-guards"))
+    elif name == "reduce-overhead":
+        peer = _reduce_overhead(model)
+    elif name.startswith("cg/"):
+        parts = name.split("/")
+        trusted = parts[-1] == "trusted"
+        peer = _cgcompile(model, parts[1], sizes, trusted, compiler, graph_runtime)
+    else:
+        raise ValueError(f"unknown peer {name!r}")
+    peer.cfg = model.cfg
+    return peer

@@ -1,0 +1,121 @@
+"""What a user sees: a greedy decode loop that waits for each step's token, per-token latency.
+
+Each step builds its inputs from the last step's argmax (new tensors, as a real loop) and reads
+one token on the host (`int(tokens[0])`, as stopping criteria do), so the host time of a call
+is not hidden behind the GPU. Peers (`_user_peers`, each on its own model copy and `forward`
+code, Inductor-compiled) are timed in turns in one process, `--rounds` rounds of `--steps`
+steps each, in a rotating order; the median per-token time over rounds is reported with its
+ratio to the hand-captured graph fed the same way. Models: the example Llama with 4 layers of
+hidden 512 and with 16 layers of hidden 1024 (bf16, KV cache written in place), batch 1 and 8.
+
+    python benchmarks/decode_loop.py --out DIR [--models 4x512 16x1024] [--batches 1 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._user_peers import Peer, make_peer  # noqa: E402
+from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
+
+PEERS = [
+    "hand",
+    "reduce-overhead",
+    "cg/FULL",
+    "cg/FULL_AND_PIECEWISE",
+    "cg/FULL/trusted",
+    "cg/FULL_AND_PIECEWISE/trusted",
+]
+PIECEWISE_PEERS = ["cg/PIECEWISE", "hand_pieces"]  # with --piecewise, on the largest model
+
+
+def _model(spec: str) -> Llama:
+    layers, hidden = (int(x) for x in spec.split("x"))
+    heads, ffn = hidden // 64, hidden * 11 // 4
+    cfg = LlamaConfig(num_layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=32000)
+    return Llama(cfg).to("cuda", torch.bfloat16).eval()
+
+
+def loop_us(peer: Peer, cfg: LlamaConfig, n: int, steps: int) -> float:
+    """Per-token microseconds of `steps` greedy steps from fresh inputs."""
+    tokens, positions = make_inputs(cfg, n, "cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        tokens = peer.step(tokens, positions).argmax(-1)
+        positions = (positions + 1) % cfg.cache_len
+        int(tokens[0])  # the host waits for the token
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+def run(spec: str, batches: list[int], names: list[str], rounds: int, steps: int) -> list[dict]:
+    base = _model(spec)
+    peers = [make_peer(name, base, sizes=[1, 8]) for name in names]
+    del base
+    rows = []
+    with torch.no_grad():
+        for n in batches:
+            for peer in peers:  # compile, capture, warm up
+                for _ in range(3):
+                    loop_us(peer, peer.cfg, n, 4)
+            times: dict[str, list[float]] = {p.name: [] for p in peers}
+            for r in range(rounds):
+                for peer in peers[r % len(peers) :] + peers[: r % len(peers)]:
+                    times[peer.name].append(loop_us(peer, peer.cfg, n, steps))
+            rows += _rows(spec, n, times)
+    return rows
+
+
+def _rows(spec: str, n: int, times: dict[str, list[float]]) -> list[dict[str, Any]]:
+    hand = statistics.median(times["hand"])
+    rows = []
+    for name, values in times.items():
+        us = statistics.median(values)
+        row = {"model": spec, "batch": n, "peer": name, "us_per_token": us, "vs_hand": us / hand}
+        rows.append({**row, "spread": [min(values), max(values)]})
+        print(f"{spec:8} batch {n}: {name:30} {us:8.1f} us/token  {us / hand:5.3f}x", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("out"))
+    parser.add_argument("--models", nargs="+", default=["4x512", "16x1024"])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--peers", nargs="+", default=PEERS)
+    parser.add_argument("--piecewise", action="store_true", help="add PIECEWISE peers")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=64)
+    args = parser.parse_args()
+    rows = []
+    for spec in args.models:
+        names = list(args.peers)
+        if args.piecewise and spec == args.models[-1]:
+            names += PIECEWISE_PEERS
+        rows += run(spec, args.batches, names, args.rounds, args.steps)
+        torch._dynamo.reset()
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "commit": os.environ.get("CGCOMPILE_COMMIT", "unknown"),
+        "what": "greedy decode loop reading each token on the host, us per token, median",
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "decode-loop.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Host time per call of a decode step, with the GPU idle before each call: what a caller pays to
+issue one step when it waits for each result (a decode loop reading its token).
+
+One process per peer (in one process Dynamo would walk every peer's cache entries of the same
+`forward`): the example Llama (hidden 1024, 16 or 64 layers, bf16, KV cache written in place),
+batch 1, capture sizes [1, 8], graphs of eager-compiled pieces (host time does not depend on
+the kernels inside a graph). Per peer, the median over `--calls` calls of perf_counter around
+one call, `torch.cuda.synchronize()` before each. Peers (`_user_peers`): the hand graph's bare
+`replay()` and its copy + replay, the 10-line backend with and without guards, reduce-overhead,
+cgcompile FULL, FULL_AND_PIECEWISE and PIECEWISE, and FULL/PIECEWISE under `cgcompile.trusted`.
+For cgcompile peers also: the backend alone (the compiled graph called with the arguments
+Dynamo passes), the bare replay of its graph, and for PIECEWISE the replays of its pieces and
+its eager attention calls, so cgcompile's own time per piece is what is left.
+
+    python benchmarks/host_per_call.py --out DIR [--layers 16 64] [--peers cg/FULL tenline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._user_peers import make_peer  # noqa: E402
+from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
+
+PEERS = [
+    "replay",
+    "hand",
+    "tenline",
+    "tenline/skip-guards",
+    "reduce-overhead",
+    "cg/FULL",
+    "cg/FULL/trusted",
+    "cg/FULL_AND_PIECEWISE",
+    "cg/PIECEWISE",
+    "cg/PIECEWISE/trusted",
+]
+DEEP_PEERS = ["tenline", "cg/FULL", "cg/FULL/trusted"]  # for the 64-layer model
+
+
+def host_us(call: Callable[[], Any], calls: int) -> float:
+    """Median host microseconds of `call`, the GPU idle before each."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
+
+
+def _model(layers: int) -> Llama:
+    cfg = LlamaConfig(num_layers=layers, hidden=1024, heads=16, ffn=2816, vocab=32000)
+    return Llama(cfg).to("cuda", torch.bfloat16).eval()
+
+
+def measure(name: str, layers: int, calls: int) -> dict[str, Any]:
+    """One peer in this process."""
+    model = _model(layers)
+    peer = make_peer("hand" if name == "replay" else name, model, sizes=[1, 8], compiler="eager")
+    tokens, positions = make_inputs(model.cfg, 1, "cuda")
+    with torch.no_grad():
+        for _ in range(10):
+            peer.step(tokens, positions)
+        torch.cuda.synchronize()
+        result: dict[str, Any] = {"peer": name, "layers": layers}
+        if name == "replay":
+            result["host_us"] = host_us(peer.replay, calls)
+            return result
+        result["host_us"] = host_us(lambda: peer.step(tokens, positions), calls)
+        if name.startswith("cg/"):
+            result.update(_breakdown(peer, model, tokens, positions, calls))
+    return result
+
+
+def _breakdown(peer: Any, model: Llama, tokens: Any, positions: Any, calls: int) -> dict:
+    """The backend alone, its graph's bare replay, and for PIECEWISE its pieces."""
+    import cgcompile
+    from cgcompile.runtime.compiled_graph import CompiledGraph
+
+    graph = [g for g in cgcompile.compiled_graphs() if g._ready][-1]  # the one that replays
+    seen: list[tuple[Any, ...]] = []
+    original = CompiledGraph.__call__
+
+    def record(self: CompiledGraph, *args: Any) -> Any:
+        seen.append(args)
+        return original(self, *args)
+
+    CompiledGraph.__call__ = record  # type: ignore[method-assign]
+    try:
+        peer.step(tokens, positions)
+    finally:
+        CompiledGraph.__call__ = original  # type: ignore[method-assign]
+    out: dict[str, Any] = {}
+    uniform = not peer.name.startswith("cg/PIECEWISE")
+    if seen:
+        args = seen[-1]
+
+        def backend() -> Any:
+            with cgcompile.batch_hint(uniform_decode=uniform):
+                return graph(*args)
+
+        out["backend_us"] = host_us(backend, calls)
+    ready = [call for call in graph._ready.values() if call.n == tokens.shape[0]]
+    if ready and ready[0].graph is not None:
+        out["bare_replay_us"] = host_us(ready[0].graph.replay, calls)
+    pieces = [w for w in graph.wrappers if w.runtime_mode == cgcompile.CUDAGraphMode.PIECEWISE]
+    if ready and ready[0].graph is None:
+        entries = [next(iter(w.entries.values())) for w in pieces if w.entries]
+        out["pieces"] = len(entries)
+        out["piece_replays_us"] = sum(host_us(e.graph.replay, calls // 4) for e in entries)
+        layer = model.layers[0]
+        q = layer.pre_attention(model.embed(tokens), positions)[1]
+        out["attention_calls"] = len(model.layers)
+        out["attention_us"] = host_us(lambda: layer.attention(q), calls) * len(model.layers)
+        if "backend_us" in out:
+            rest = out["backend_us"] - out["piece_replays_us"] - out["attention_us"]
+            out["own_us_per_piece"] = rest / len(entries)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("out"))
+    parser.add_argument("--layers", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--peers", nargs="+", default=None)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one, args.layers[0], args.calls)))
+        return
+    rows = []
+    for layers in args.layers:
+        for name in args.peers or (PEERS if layers <= 16 else DEEP_PEERS):
+            cmd = [sys.executable, __file__, "--one", name, "--layers", str(layers)]
+            cmd += ["--calls", str(args.calls)]
+            run = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+            lines = run.stdout.strip().splitlines()
+            if run.returncode or not lines:
+                rows.append({"peer": name, "layers": layers, "error": run.stderr[-800:]})
+            else:
+                rows.append(json.loads(lines[-1]))
+            print(_line(rows[-1]), flush=True)
+    _write(args.out, rows)
+
+
+def _line(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"{row['layers']:3d} layers {row['peer']:24} ERROR {row['error'][-300:]}"
+    extra = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k.endswith("_us") and k != "host_us")
+    pieces = f" pieces={row['pieces']}" if "pieces" in row else ""
+    return f"{row['layers']:3d} layers {row['peer']:24} {row['host_us']:8.1f} us  {extra}{pieces}"
+
+
+def _write(out: Path, rows: list[dict[str, Any]]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "commit": os.environ.get("CGCOMPILE_COMMIT", "unknown"),
+        "what": "host us per call, GPU idle before each call, median; batch 1, bf16",
+    }
+    (out / "host-per-call.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    by = {(r["layers"], r["peer"]): r for r in rows if "host_us" in r}
+    for layers in sorted({r["layers"] for r in rows}):
+        ten, full = by.get((layers, "tenline")), by.get((layers, "cg/FULL"))
+        if ten and full:
+            own = full["host_us"] - ten["host_us"]
+            print(f"{layers} layers: cg/FULL - tenline = {own:.1f} us (cgcompile's own)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""A call whose graphs are all captured and verified, prebuilt: what it copies, what it replays.
+
+Once a key's graphs were captured and replayed once (their input addresses verified), the
+compiled graph keeps a `ReadyCall` for it: the static views the caller's tensors go into, the
+FULL graph itself (or, for PIECEWISE, the split graph with its forward context built), and
+the module instance's `Outputs`. A later call of the key then does, top to bottom:
+
+1. one fused copy of the caller's batch and copied tensors into the static views
+   (`torch._foreach_copy_`); pad rows are written only where an earlier call left data
+   (`static_inputs.Rows`), so a decode loop at one size pads nothing;
+2. FULL: replay the captured graph (no wrapper, no forward context); PIECEWISE: run the split
+   graph under the prebuilt forward context, each piece wrapper replaying its graph;
+3. copy back the real rows of batch inputs the graph writes, hand out the outputs.
+
+Nothing here grows with the model's parameters but PIECEWISE's argument list (the split graph
+takes every input, as Dynamo passes them).
+
+    call = ReadyCall(static_args, n, padded, plan, static_inputs, outputs, graph=graph)
+    out = call(args)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from cgcompile.forward_context import FORWARD_CONTEXT, ForwardContext
+from cgcompile.runtime.inputs import InputPlan
+from cgcompile.runtime.outputs import Outputs
+from cgcompile.runtime.static_inputs import StaticInputs, copy_into
+from cgcompile.wrappers import CapturedGraph
+
+
+class ReadyCall:
+    """The prebuilt steady state of one graph key (FULL or PIECEWISE)."""
+
+    def __init__(
+        self,
+        static_args: Sequence[Any],
+        n: int,
+        padded: int,
+        plan: InputPlan,
+        static_inputs: StaticInputs,
+        outputs: Outputs,
+        graph: CapturedGraph | None = None,
+        piecewise: tuple[Callable[..., Any], ForwardContext] | None = None,
+    ) -> None:
+        self.n = n
+        self.padded = padded
+        self.outputs = outputs
+        self.graph = graph
+        """FULL: the graph to replay; None for PIECEWISE."""
+        self.piecewise = piecewise
+        """PIECEWISE: (the split graph, the forward context its wrappers read)."""
+        self.static_inputs = static_inputs
+        self.copied_back = plan.copied_back
+        self.sources: list[int] = []
+        self.targets: list[torch.Tensor] = []
+        self.expanded: list[tuple[int, torch.Tensor]] = []
+        """Copied one by one (`copy_into`): a stride-0 target is written once per dim."""
+        self.rows: list[tuple[Any, torch.Tensor]] = []
+        """(`Rows` or None, padded view) per batch tensor: where pad rows may need writing."""
+        for i in plan.batch_tensors:
+            view = static_args[i]
+            rows = static_inputs.batch_view(i, view, padded)[1]
+            self._target(i, view[:n] if padded != n else view)
+            self.rows.append((rows, view, i))
+        for i in plan.copied_tensors:
+            self._target(i, static_args[i])
+        self.replaced = {i: static_args[i] for i in (*plan.batch_tensors, *plan.copied_tensors)}
+        self.replaced.update(dict.fromkeys(plan.size_indices, padded))
+
+    def _target(self, i: int, view: torch.Tensor) -> None:
+        if 0 in view.stride():
+            self.expanded.append((i, view))
+        else:
+            self.sources.append(i)
+            self.targets.append(view)
+
+    def __call__(self, args: tuple[Any, ...]) -> list[Any]:
+        n, padded = self.n, self.padded
+        if self.targets:
+            torch._foreach_copy_(self.targets, [args[i] for i in self.sources])
+        for i, view in self.expanded:
+            copy_into(view, args[i])
+        for rows, view, i in self.rows:
+            if rows is None:
+                if padded != n:
+                    self.static_inputs.pad(i, view[n:])
+            elif rows.dirty > n:
+                rows.written(view, n, padded)
+        if self.graph is not None:
+            out = self.graph.replay()
+        else:
+            out = self._run_pieces(args)
+        if self.copied_back:
+            self.static_inputs.copy_back(args, self.replaced, n, padded)
+        return self.outputs.hand_out(out, n, padded)
+
+    def _run_pieces(self, args: tuple[Any, ...]) -> Any:
+        runnable, ctx = self.piecewise
+        static_args = list(args)
+        for i, value in self.replaced.items():
+            static_args[i] = value
+        token = FORWARD_CONTEXT.set(ctx)
+        try:
+            return runnable(*static_args)
+        finally:
+            FORWARD_CONTEXT.reset(token)

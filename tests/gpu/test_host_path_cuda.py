@@ -1,0 +1,63 @@
+"""The per-call path on real CUDA graphs: prebuilt steady-state calls with padded rows refilled
+only where needed, decode steps recognised from a [batch, 1] token input, and
+`cgcompile.trusted` replaying without Dynamo, each against eager."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import cgcompile
+from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
+from tests.support.state import compile_model
+
+pytestmark = pytest.mark.cuda
+SIZES = [4, 4, 4, 2, 4, 8, 3, 8, 3, 1, 4]
+
+
+def _llama() -> tuple[Llama, Llama]:
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.tiny()).to("cuda").eval()
+    return model, copy.deepcopy(model)
+
+
+@pytest.mark.parametrize("trusted", [False, True], ids=["compiled", "trusted"])
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])
+def test_decode_steps_equal_eager_cuda(mode, trusted):
+    model, eager = _llama()
+    compiled = compile_model(model, mode, "inductor", "cuda")
+    call = cgcompile.trusted(compiled) if trusted else compiled
+    with torch.no_grad(), cgcompile.batch_hint(uniform_decode=mode != "PIECEWISE"):
+        for n in SIZES + SIZES[::-1]:
+            tokens, positions = make_inputs(model.cfg, n, "cuda")
+            mark_batch(model.cfg, tokens, positions)
+            got = call(tokens, positions)
+            torch.testing.assert_close(got, eager(tokens, positions), rtol=1e-3, atol=1e-3)
+    assert cgcompile.counters.num_cudagraph_captured > 0
+    if trusted:
+        assert call.refused is None
+
+
+def test_decode_steps_recognised_from_the_shape_cuda():
+    class HFLike(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(16, 64)
+            self.out = torch.nn.Linear(64, 16)
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            h = self.embed(input_ids)
+            h = torch.nn.functional.scaled_dot_product_attention(h, h, h, is_causal=True)
+            return self.out(h)
+
+    model = HFLike().cuda().eval()
+    compiled = compile_model(model, "FULL_AND_PIECEWISE", "inductor", "cuda")
+    with torch.no_grad():
+        for shape in [(4, 6), (4, 6), (4, 1), (4, 1), (4, 1), (2, 1), (2, 1)]:
+            ids = torch.randint(0, 16, shape, device="cuda")
+            cgcompile.mark_dynamic_batch(ids)
+            torch.testing.assert_close(compiled(ids), model(ids), rtol=1e-3, atol=1e-3)
+    full = [k for g in cgcompile.compiled_graphs() for k in g.report.captured.get("FULL", [])]
+    assert "4u4" in full  # the decode steps replayed full graphs, with no hint
