@@ -1,4 +1,5 @@
-"""Shared test setup: the `cuda` marker, a clean Dynamo per test, hypothesis profiles."""
+"""Shared test setup: the `cuda` marker, a clean Dynamo and graph registry per test,
+hypothesis profiles."""
 
 from __future__ import annotations
 
@@ -26,5 +27,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _fresh_dynamo() -> None:
     torch._dynamo.reset()
     from cgcompile.counters import counters
+    from cgcompile.runtime import compiled_graph
 
     counters.reset()
+    # graphs of earlier tests live on until the collector frees their cycles: forget them, so
+    # `compiled_graphs()` lists this test's only (a full collection per test costs ~0.1 s)
+    compiled_graph._live_graphs.clear()

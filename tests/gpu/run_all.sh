@@ -3,7 +3,8 @@
 # graphs, host time per call (host), the decode loop users see (loop), the Hugging Face
 # generate() benchmark (hf); on request: the per-mode decode benchmark (bench), step profiles
 # (profile), paths, interleaved, diag. Full logs go to $1 (default $OUT or ./out); a short
-# summary is printed last. STAGES picks a subset (e.g. STAGES="tests host") to fit a time limit.
+# summary is printed last. STAGES picks a subset (e.g. STAGES="tests host") to fit a time limit;
+# SHARDS=3 runs the GPU tests in three processes at once (about a third of the wall time).
 #   bash tests/gpu/run_all.sh "$OUT" [benchmark args, e.g. --quick]
 # On a copied checkout whose git metadata may be stale, give the commit yourself:
 #   CGCOMPILE_COMMIT=abc1234 bash tests/gpu/run_all.sh "$OUT"   (the tree digest is printed too)
@@ -34,7 +35,26 @@ run() {  # run STAGE LOG CMD...: record its exit code and last line
   rc=$(( rc || code ))
   echo "$stage (rc=$code): $(tail -n 1 "$out/$log")" >> "$out/summary.txt"
 }
-run tests gpu-tests.log python -m pytest -q tests/gpu -p no:cacheprovider --durations=15 --junitxml="$out/gpu-tests.xml"
+gpu_tests() {  # SHARDS=k: k pytest processes at once on the one GPU (compiles are CPU-bound)
+  local shards=${SHARDS:-1} dir k pids=() code=0
+  if [ "$shards" -le 1 ]; then
+    python -m pytest -q tests/gpu -p no:cacheprovider --durations=15 --junitxml="$out/gpu-tests.xml"
+    return
+  fi
+  dir=$(mktemp -d)
+  python -m pytest --collect-only -q tests/gpu -p no:cacheprovider | grep '::' > "$dir/ids"
+  for ((k = 0; k < shards; k++)); do
+    awk -v n="$shards" -v k="$k" 'NR % n == k' "$dir/ids" > "$dir/ids-$k"
+    mapfile -t ids < "$dir/ids-$k"
+    python -m pytest -q -p no:cacheprovider --durations=5 "${ids[@]}" > "$dir/log-$k" 2>&1 &
+    pids+=($!)
+  done
+  for k in "${!pids[@]}"; do wait "${pids[$k]}" || code=1; done
+  for ((k = 0; k < shards; k++)); do echo "== shard $k"; cat "$dir/log-$k"; done
+  echo "shards: $(for ((k = 0; k < shards; k++)); do tail -n 1 "$dir/log-$k"; done | tr '\n' ' ')"
+  return $code
+}
+run tests gpu-tests.log gpu_tests
 # host us per call, one process per peer (16 and 64 layers), and the decode loop users see
 run host host-per-call.log python benchmarks/host_per_call.py --out "$out"
 run loop decode-loop.log python benchmarks/decode_loop.py --out "$out" --piecewise
