@@ -55,6 +55,11 @@ class ParameterEvents:
             register(self._hook)
 
     def _hook(self, module: torch.nn.Module, name: str, value: Any) -> None:
+        # Dynamo traces the hook where a forward builds a module (Hugging Face slices its
+        # ModuleList of layers): counting there would guard on the count and recompile on every
+        # call. A traced registration makes a temporary module of existing parameters: no event.
+        if torch.compiler.is_compiling():
+            return
         self.count += 1
 
     def bump(self) -> None:

@@ -140,10 +140,11 @@ def _python_blocks(path: Path) -> list[tuple[int, str]]:
     ]
 
 
-def _start(code: str) -> subprocess.Popen[str]:
+def _start(code: str, script: Path | None = None) -> subprocess.Popen[str]:
+    """`code` (or the script at `script`) in a fresh Python process."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
-        [sys.executable, "-c", code],
+        [sys.executable, str(script)] if script else [sys.executable, "-c", code],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -183,6 +184,7 @@ def test_readme_is_short() -> None:
     assert len(README.read_text().splitlines()) <= 150
 
 
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 RUNNABLE = [
     (f"{_rel(path)}:{line}", code)
     for path in DOCS
@@ -197,6 +199,7 @@ def runs() -> Iterator[dict[str, Callable[[], tuple[int, str, str]]]]:
     mostly importing torch and compiling); each test waits for its own."""
     started = {"README.md": _start(_readme_example_on_cpu())}
     started |= {name: _start(code) for name, code in RUNNABLE}
+    started |= {_rel(path): _start("", path) for path in EXAMPLES}
 
     def waiter(proc: subprocess.Popen[str]) -> Callable[[], tuple[int, str, str]]:
         def wait() -> tuple[int, str, str]:
@@ -223,7 +226,15 @@ def test_doc_snippet_runs_on_cpu(name: str, runs: dict[str, Any]) -> None:
     assert "WARNING" not in err, f"{name} warns:\n{err}"
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.py")), ids=_rel)
+@pytest.mark.parametrize("path", EXAMPLES, ids=_rel)
+def test_every_example_runs_and_passes_its_own_check(path: Path, runs: dict[str, Any]) -> None:
+    """Each example exits 1 when its check fails (hf_generate: no graph captured or replayed)."""
+    code, out, err = runs[_rel(path)]()
+    assert code == 0, f"{_rel(path)}\n{out[-2000:]}\n{err[-3000:]}"
+    assert out.strip(), "it prints what it did"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=_rel)
 def test_every_example_is_a_script(path: Path) -> None:
     text = path.read_text()
     assert 'if __name__ == "__main__":' in text

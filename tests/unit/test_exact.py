@@ -90,6 +90,33 @@ def test_a_graph_holding_item_compiles_as_one_graph(mode, compiler):
     assert cgcompile.counters.num_graphs_seen == 1
 
 
+class Embedded(torch.nn.Module):
+    """`nn.Embedding` passes its float `norm_type` on: under dynamic=True Dynamo makes it a graph
+    input read with `.item()`, as in every Hugging Face model (the fake run failed on it). No
+    attention: a graph split at attention hid the failure."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(ids).flatten(1) * 2
+
+
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+@pytest.mark.parametrize("mode", ["NONE", "FULL"])
+def test_a_module_with_an_embedding_compiles_as_one_graph(mode, compiler):
+    model = Embedded()
+    options = {"graph_runtime": "simulated", "cudagraph_mode": mode, "compiler": compiler}
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options, dynamic=True)
+    with torch.no_grad(), cgcompile.batch_hint(uniform_decode=True):
+        for n in (3, 5, 3, 5):
+            ids = torch.randint(0, 16, (n, 6))
+            torch.testing.assert_close(compiled(ids), model(ids))
+    assert dynamo_graphs() == 1
+    assert (cgcompile.counters.num_cudagraph_captured > 0) == (mode != "NONE")
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_data_dependent_scalar_compiles(mode):
     def step(x: torch.Tensor) -> torch.Tensor:

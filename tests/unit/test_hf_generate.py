@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import cgcompile
 from tests.support.hf import PATHS, generate_tokens
 from tests.support.models import MODES
 
@@ -14,8 +15,12 @@ pytest.importorskip("transformers")
 
 def check(path: str, mode: str, compiler: str) -> None:
     options = {"cudagraph_mode": mode, "graph_runtime": "simulated", "compiler": compiler}
+    torch._dynamo.utils.counters.clear()
     got, want = generate_tokens(path, options, device="cpu")
     assert got.tolist() == want.tolist()
+    if path == "static-cache":  # HF compiles the decode step: one graph, replayed
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # no recompiles
+        assert (cgcompile.counters.num_cudagraph_captured > 0) == (mode != "NONE")
 
 
 @pytest.mark.parametrize("mode", MODES)
