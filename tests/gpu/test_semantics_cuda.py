@@ -20,6 +20,7 @@ from tests.support.semantics import (
     SIZES,
     UNSAFE,
     check_against_eager,
+    check_grad_mode_with_a_hint,
     check_moved_input_raises,
     check_threads_match_eager,
     check_training_matches_eager,
@@ -103,3 +104,7 @@ def test_compile_sizes_with_another_dynamic_int_cuda(mode):
         x = torch.randn(4, 2, device="cuda")
         cgcompile.mark_dynamic_batch(x)
         torch.testing.assert_close(f(x, k), scale(x, k))
+
+
+def test_grad_mode_with_a_hint_gives_eager_values_cuda():
+    check_grad_mode_with_a_hint("cuda", "cuda")

@@ -1,6 +1,7 @@
 """Eager-equivalence checks shared by the CPU (simulated graphs) and GPU (real graphs) tests:
 outputs padding could change, row-wise graphs that keep padding, training steps, concurrent
-threads, inputs moved in manual mode. Each compares with eager after every call."""
+threads, inputs moved in manual mode, grad mode with a batch hint. Each compares with eager
+after every call."""
 
 from __future__ import annotations
 
@@ -165,3 +166,35 @@ def check_moved_input_raises(mode: str, **where: str) -> None:
             torch.testing.assert_close(compiled(rows(buffer)), model(rows(buffer)))
         with pytest.raises(cgcompile.CaptureError, match="stale memory"):
             compiled(rows(torch.randn(16, 8, device=device)))
+
+
+class TinyAttention(torch.nn.Module):
+    """The README's example model: parameters that require grad, SDPA."""
+
+    def __init__(self, dim: int = 64) -> None:
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unsqueeze(0).chunk(3, dim=-1)
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(attn[0])
+
+
+def check_grad_mode_with_a_hint(device: str, runtime: str) -> None:
+    """A newcomer's first script without no_grad() and with the advised hint: eager's values
+    and gradients at every size (once reported to fail inside torch: 'Guard failed on the same
+    frame it was created')."""
+    torch.manual_seed(0)
+    model = TinyAttention().to(device)
+    options = {"cudagraph_mode": "FULL_AND_PIECEWISE", "graph_runtime": runtime}
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    for n in (6, 6, 13, 300, 1, 5):
+        x = torch.randn(n, 64, device=device)
+        cgcompile.mark_dynamic_batch(x, hint=512)
+        got = compiled(x)
+        want = model(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        (g,) = torch.autograd.grad(got.sum(), model.out.weight)
+        (w,) = torch.autograd.grad(want.sum(), model.out.weight)
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)

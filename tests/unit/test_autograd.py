@@ -11,7 +11,12 @@ import torch
 
 import cgcompile
 from tests.support.models import MODES
-from tests.support.semantics import TwoLayers, check_training_matches_eager, compile_model
+from tests.support.semantics import (
+    TwoLayers,
+    check_grad_mode_with_a_hint,
+    check_training_matches_eager,
+    compile_model,
+)
 
 
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
@@ -52,3 +57,7 @@ def test_inference_under_no_grad_still_uses_graphs(mode):
             torch.testing.assert_close(compiled(x), model(x))
     assert cgcompile.counters.num_cudagraph_captured > 0
     assert {g.report.mode for g in cgcompile.compiled_graphs()} >= {"NONE"}
+
+
+def test_grad_mode_with_a_hint_gives_eager_values():
+    check_grad_mode_with_a_hint("cpu", "simulated")
