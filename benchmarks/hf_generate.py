@@ -8,8 +8,10 @@ tokens, greedy. HF runs the prefill without compile and every decode step throug
 compiled forward, which writes the static cache and its length counter in place. cgcompile
 peers are called as HF users call them, without a `batch_hint` (decode steps are recognised
 from `input_ids` of shape [batch, 1]); `--hint` wraps them in `batch_hint(uniform_decode=True)`.
-Per peer also: CUDA graphs captured per timed generate() (after the first), and whether HF's
-kept static cache tensors moved between generate() calls.
+Per peer also: CUDA graphs captured per timed generate() (after the first), and whether the
+static cache tensors moved between generate() calls. Every peer keeps one `StaticCache`, reset
+before each generate(), as the README advises (graphs read the cache where it was at capture);
+`--new-cache` lets HF build a new cache in every call instead (`cache_implementation="static"`).
 
 Each peer has its own copy of the model (same weights). Per peer: the first generate
 (compile, warm-up, capture) timed alone; then, in rounds where the peers take turns in a
@@ -86,10 +88,18 @@ def generate_kwargs(peer: str, new_tokens: int, hint: bool = False) -> tuple[dic
 
 HINT = False
 """--hint: cgcompile peers run inside batch_hint(uniform_decode=True)."""
+KEPT: dict[str, Any] = {}
+"""Peer -> the StaticCache it keeps across generate() calls (empty with --new-cache)."""
 
 
 def timed_generate(model: Any, prompts: torch.Tensor, peer: str, new_tokens: int) -> tuple:
     kwargs, context = generate_kwargs(peer, new_tokens, HINT)
+    if peer in KEPT:
+        from examples.hf_generate import cache_argument
+
+        del kwargs["cache_implementation"]
+        kwargs[cache_argument()] = KEPT[peer]
+        KEPT[peer].reset()
     if prompts.is_cuda:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -119,7 +129,7 @@ def time_in_turns(
     full: dict[str, list[float]] = {p: [] for p in peers}
     prefill: dict[str, list[float]] = {p: [] for p in peers}
     captured: dict[str, list[int]] = {p: [] for p in peers}
-    addresses = {p: _cache_addresses(models[p]) for p in peers}
+    addresses = {p: _cache_addresses(p, models[p]) for p in peers}
     for r in range(args.repeats):
         for peer in peers[r % len(peers) :] + peers[: r % len(peers)]:
             before = cgcompile.counters.num_cudagraph_captured
@@ -128,7 +138,7 @@ def time_in_turns(
             full[peer].append(ms)
             prefill[peer].append(timed_generate(models[peer], prompts, peer, 1)[1])
             results[peer]["tokens"] = tokens.tolist()
-            if _cache_addresses(models[peer]) != addresses[peer]:
+            if _cache_addresses(peer, models[peer]) != addresses[peer]:
                 results[peer]["cache_moved"] = True
     for peer in peers:
         per_token = statistics.median(
@@ -143,9 +153,9 @@ def time_in_turns(
         )
 
 
-def _cache_addresses(model: Any) -> list[int]:
-    """Addresses of the key/value tensors of the static cache HF keeps on the model."""
-    cache = getattr(model, "_cache", None)
+def _cache_addresses(peer: str, model: Any) -> list[int]:
+    """Addresses of the key/value tensors of the peer's static cache."""
+    cache = KEPT.get(peer, getattr(model, "_cache", None))
     layers = getattr(cache, "layers", [])
     keys = [getattr(layer, "keys", None) for layer in layers]
     return [t.data_ptr() for t in keys if t is not None]
@@ -159,6 +169,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7, help="rounds of timed generates")
     parser.add_argument("--peers", nargs="*", default=list(PEERS))
     parser.add_argument("--hint", action="store_true", help="cgcompile peers in batch_hint")
+    parser.add_argument("--new-cache", action="store_true", help="HF's new cache per call")
     args = parser.parse_args()
     global HINT
     HINT = args.hint
@@ -166,6 +177,11 @@ def main() -> int:
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     torch._dynamo.config.recompile_limit = 64  # every peer's model shares forward's code
     models = {peer: make_model(args.quick, device, dtype) for peer in args.peers}  # same weights
+    if not args.new_cache:
+        from transformers import StaticCache
+
+        for peer, model in models.items():
+            KEPT[peer] = StaticCache(config=model.config, max_cache_len=32 + args.new_tokens)
     g = torch.Generator().manual_seed(0)
     vocab = next(iter(models.values())).config.vocab_size
     prompts = torch.randint(1, vocab, (4, 32), generator=g).to(device)
@@ -212,6 +228,7 @@ def summarize(results: dict, args: argparse.Namespace, device: str, dtype: torch
         "dtype": str(dtype),
         "new_tokens": args.new_tokens,
         "hint": args.hint,
+        "kept_cache": not args.new_cache,
         "repeats": args.repeats,
         "results": results,
         "table": "\n".join(lines),

@@ -37,3 +37,31 @@ def test_generate_matches_eager_with_inductor(path):
             "cache on CPU ('tmp2' was not declared); plain torch.compile(model.forward) fails too"
         )
     check(path, "FULL_AND_PIECEWISE", "inductor")
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])
+def test_a_kept_static_cache_replays_across_generate_calls(mode):
+    """HF builds a new StaticCache (new tensors) in every generate(), so its decode graph is
+    captured again per call; a cache the caller keeps and resets in place is where the graph
+    wrote it, and later calls only replay."""
+    from transformers import CompileConfig, StaticCache
+
+    from examples.hf_generate import cache_argument
+    from tests.support.hf import tiny_llama
+
+    model = tiny_llama("cpu")
+    options = {"cudagraph_mode": mode, "graph_runtime": "simulated", "compiler": "eager"}
+    config = CompileConfig(backend="cudagraph_modes", mode=None, options=options)
+    config._compile_all_devices = True  # HF compiles only on accelerators otherwise
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    captured = []
+    for seed in range(3):
+        prompts = torch.randint(0, 96, (2, 5), generator=torch.Generator().manual_seed(seed))
+        want = model.generate(prompts, cache_implementation="static", **kwargs)
+        before = cgcompile.counters.num_cudagraph_captured
+        cache.reset()
+        got = model.generate(prompts, compile_config=config, **{cache_argument(): cache}, **kwargs)
+        captured.append(cgcompile.counters.num_cudagraph_captured - before)
+        assert got.tolist() == want.tolist()
+    assert captured == [1, 0, 0]  # the decode step's full graph, then replays only
