@@ -155,6 +155,7 @@ def main() -> None:
         for r in range(args.rounds):  # a fresh process per peer and round, order alternating
             for name in names if r % 2 == 0 else names[::-1]:
                 runs[name].append(_one(name, layers, args.calls))
+                print(f"  round {r}: {_line(runs[name][-1])}", flush=True)
         for name in names:
             rows.append(_least(runs[name]))
             print(_line(rows[-1]), flush=True)

@@ -4,7 +4,8 @@
 # generate() benchmark (hf); on request: the per-mode decode benchmark (bench), step profiles
 # (profile), paths, interleaved, diag. Full logs go to $1 (default $OUT or ./out); a short
 # summary is printed last. STAGES picks a subset (e.g. STAGES="tests host") to fit a time limit;
-# SHARDS=3 runs the GPU tests in three processes at once (about a third of the wall time).
+# SHARDS=3 runs the GPU tests in three processes at once (about a third of the wall time), each
+# stopped after TESTS_TIMEOUT seconds if given.
 #   bash tests/gpu/run_all.sh "$OUT" [benchmark args, e.g. --quick]
 # On a copied checkout whose git metadata may be stale, give the commit yourself:
 #   CGCOMPILE_COMMIT=abc1234 bash tests/gpu/run_all.sh "$OUT"   (the tree digest is printed too)
@@ -46,7 +47,8 @@ gpu_tests() {  # SHARDS=k: k pytest processes at once on the one GPU (compiles a
   for ((k = 0; k < shards; k++)); do
     awk -v n="$shards" -v k="$k" 'NR % n == k' "$dir/ids" > "$dir/ids-$k"
     mapfile -t ids < "$dir/ids-$k"
-    python -m pytest -q -p no:cacheprovider --durations=5 "${ids[@]}" > "$dir/log-$k" 2>&1 &
+    timeout "${TESTS_TIMEOUT:-3000}" python -m pytest -q -p no:cacheprovider --durations=5 \
+      "${ids[@]}" > "$dir/log-$k" 2>&1 &
     pids+=($!)
   done
   for k in "${!pids[@]}"; do wait "${pids[$k]}" || code=1; done
