@@ -90,9 +90,11 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
 def shard(model: Llama, rank: int, world: int) -> Llama:
     """A copy of `model` whose layers hold this rank's shards; embedding, final norm and head
     are replicated."""
-    sharded = Llama(model.cfg).to(model.lm_head.weight.device)
+    device = model.lm_head.weight.device
+    sharded = Llama(model.cfg).to(device)
     sharded.load_state_dict(model.state_dict())
-    sharded.layers = nn.ModuleList(TPLayer(layer, rank, world) for layer in model.layers)
+    layers = nn.ModuleList(TPLayer(layer, rank, world) for layer in model.layers)
+    sharded.layers = layers.to(device)  # a new layer's norms are made on the CPU
     return sharded
 
 
