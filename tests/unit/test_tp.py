@@ -8,11 +8,13 @@ graph keys. A worker that hangs (a collective one rank never joins) fails the te
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
 import time
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -24,6 +26,7 @@ WORLD = 2
 TIMEOUT = 300.0
 COLLECTIVES = ("_c10d_functional::all_reduce", "_c10d_functional::wait_tensor")
 SPLIT_AT_COLLECTIVES = "PIECEWISE split at collectives"
+ONE_RANK_FAILS = "FULL, rank 1's captures fail"
 
 
 def _free_port() -> int:
@@ -32,8 +35,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _failing_captures() -> Any:
+    """Make every capture of this process fail after the simulated capture ran (it runs the
+    graph's collectives, as the other rank's capture does; a CUDA capture runs none)."""
+    from cgcompile.errors import CaptureError
+    from cgcompile.wrappers.simulated import SimulatedGraphRuntime
+
+    original = SimulatedGraphRuntime.capture
+
+    def capture(self: Any, *args: Any, **kwargs: Any) -> Any:
+        original(self, *args, **kwargs)
+        raise CaptureError("injected capture failure")
+
+    return mock.patch.object(SimulatedGraphRuntime, "capture", capture)
+
+
 def _worker(rank: int, port: int, results: Any) -> None:
-    """Every mode on this rank, then PIECEWISE with the collectives as splitting ops."""
+    """Every mode on this rank, then PIECEWISE with the collectives as splitting ops, then FULL
+    with every capture of rank 1 failing."""
     import torch.distributed as dist
 
     import cgcompile
@@ -46,9 +65,12 @@ def _worker(rank: int, port: int, results: Any) -> None:
         runs = [(mode, mode, {}) for mode in MODES]
         splitting = [torch._C._nn.scaled_dot_product_attention, *COLLECTIVES]
         runs.append((SPLIT_AT_COLLECTIVES, "PIECEWISE", {"splitting_ops": splitting}))
+        runs.append((ONE_RANK_FAILS, "FULL", {}))
         for name, mode, options in runs:
             cgcompile.counters.reset()
-            worst, keys = run_steps(mode, "cpu", **options)
+            failing = name == ONE_RANK_FAILS and rank == 1
+            with _failing_captures() if failing else contextlib.nullcontext():
+                worst, keys = run_steps(mode, "cpu", **options)
             out[name] = {"worst": worst, "keys": keys, **cgcompile.counters.snapshot()}
             torch._dynamo.reset()
         results.put((rank, out))
@@ -92,7 +114,7 @@ def ranks() -> dict[int, dict[str, Any]]:
     return got
 
 
-@pytest.mark.parametrize("name", [*MODES, SPLIT_AT_COLLECTIVES])
+@pytest.mark.parametrize("name", [*MODES, SPLIT_AT_COLLECTIVES, ONE_RANK_FAILS])
 def test_every_rank_gives_the_unsharded_models_logits(ranks, name):
     for rank in range(WORLD):
         assert ranks[rank][name]["worst"] < 1e-4, (rank, ranks[rank][name])
@@ -112,3 +134,11 @@ def test_collectives_as_splitting_ops_run_between_the_pieces(ranks):
     plain = ranks[0]["PIECEWISE"]["num_cudagraph_captured"]
     split = ranks[0][SPLIT_AT_COLLECTIVES]["num_cudagraph_captured"]
     assert split > plain
+
+
+def test_a_rank_whose_captures_fail_runs_without_graphs_and_stays_in_step(ranks):
+    """Rank 1 runs each key without graphs after its capture failed, rank 0 replays: both run
+    the same collectives in the same order, so neither hangs and both are exact (above)."""
+    ok, failing = ranks[0][ONE_RANK_FAILS], ranks[1][ONE_RANK_FAILS]
+    assert ok["num_cudagraph_captured"] > 0 and ok["num_eager_fallbacks"] == 0
+    assert failing["num_cudagraph_captured"] == 0 and failing["keys"] == []
