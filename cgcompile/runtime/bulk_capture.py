@@ -7,8 +7,14 @@ buffers and inputs keep their values. Inductor's partitioned code has no stand-i
 PIECEWISE keys are recorded only when the graph writes no state, else left to lazy capture.
 PIECEWISE keys first, then FULL, each largest first so smaller graphs reuse the pool blocks of
 larger ones; the garbage collector is frozen meanwhile. A key whose capture fails is left to
-lazy capture (which warms up first), as are all keys of a runtime mode whose compiled code has
-never run (one WARNING saying which call to make first).
+lazy capture (which warms up first).
+
+A runtime mode whose compiled code has never run (FULL_AND_PIECEWISE's full graphs after mixed
+calls only: their whole-graph compile is made on first use) is first run once, eagerly, on a
+batch of padding rows at its smallest key, since a compiled kernel's first run cannot be a
+capture; every buffer and every input it writes in place gets its value back (a transient copy
+of them, KV caches included). If that run fails, the mode's keys are left to lazy capture with
+one WARNING. So one call of any kind is enough before `capture_all`.
 
     captured = capture_graphs(graph, progress=False)
 """
@@ -76,7 +82,8 @@ def capture_graphs(graph: Capturable, progress: bool) -> int:
             f"reuses that call's parameters and input layout"
         )
     keys = [(m, d) for m, descs in graph.dispatcher.get_capture_descs() for d in descs]
-    unready = _unready_modes(graph)
+    with torch.no_grad():
+        unready = _unready_modes(graph, examples)
     keys = [(m, d) for m, d in keys if m not in unready]
     todo = [(slot, args, mode, desc) for slot, args in examples for mode, desc in keys]
     before = counters.num_cudagraph_captured
@@ -93,27 +100,53 @@ def capture_graphs(graph: Capturable, progress: bool) -> int:
     return captured
 
 
-def _unready_modes(graph: Capturable) -> set[CUDAGraphMode]:
-    """Runtime modes with a wrapper whose callable never ran: a compiled kernel's first run
-    cannot happen inside a capture, so their keys are left to lazy capture (one WARNING).
-    FULL_AND_PIECEWISE with a whole-graph compile for its full graphs needs one decode call
-    (full graphs) and one mixed call (pieces) before everything can be captured ahead."""
+def _unready_modes(graph: Capturable, examples: list[tuple[int, list[Any]]]) -> set[Any]:
+    """Runtime modes with a wrapper whose callable never ran, after one eager run of each on
+    padding rows (`_warm_up`); those whose run failed are returned, with one WARNING each."""
     unready: dict[CUDAGraphMode, str] = {}
     for wrapper in graph.wrappers:
         if not wrapper.ran and wrapper.runtime_mode not in unready:
             unready[wrapper.runtime_mode] = wrapper.name
+    descs = dict(graph.dispatcher.get_capture_descs())
+    failed = set()
     for mode, name in unready.items():
-        batch = "uniform decode batch (inside cgcompile.batch_hint(uniform_decode=True))"
-        logger.warning(
-            "graph %d: capture_all leaves its %s graphs to lazy capture: %s has not run yet, and "
-            "a compiled kernel's first run cannot be a capture; call the model once with a %s "
-            "first",
-            graph.report_id,
-            mode,
-            name,
-            batch if mode == CUDAGraphMode.FULL else "mixed batch (no decode hint)",
-        )
-    return set(unready)
+        slot, example = examples[0]
+        try:
+            _warm_up(graph, slot, example, mode, descs[mode][-1])
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the mode to lazy capture
+            failed.add(mode)
+            logger.warning(
+                "graph %d: capture_all leaves its %s graphs to lazy capture: %s had not run, "
+                "and its first run on padding rows failed (%s: %s); a first call of the model "
+                "that uses them captures them",
+                graph.report_id,
+                mode,
+                name,
+                type(exc).__name__,
+                exc,
+            )
+    return failed
+
+
+def _warm_up(
+    graph: Capturable, slot: int, example: list[Any], mode: CUDAGraphMode, desc: Any
+) -> None:
+    """Run `mode`'s compiled code once, eagerly, at `desc`'s size on padding rows; restore
+    every buffer and in-place input it may write (a schema need not say so: batch norm)."""
+    args = graph.static_inputs.at_size(example, desc.num_tokens)
+    written = {*graph.plan.static_tensors, *graph.plan.mutated, *graph.plan.in_place}
+    saved = [
+        (args[i], args[i].clone())
+        for i in sorted(written)
+        if isinstance(args[i], torch.Tensor) and not isinstance(args[i], torch.nn.Parameter)
+    ]
+    logger.info("graph %d: capture_all runs its %s code once first", graph.report_id, mode)
+    try:
+        with set_forward_context(mode, desc, shape_key=graph.plan.shape_key(args), instance=slot):
+            graph.runnable(*args)
+    finally:
+        for tensor, value in saved:
+            tensor.copy_(value)
 
 
 def _capture_key(

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import copy
+import random
+
 import pytest
 import torch
 
@@ -11,7 +14,7 @@ from cgcompile.counters import counters
 from cgcompile.torch_features import SHARED_UNBACKED_BATCH
 from tests.support.models import dyn, silly_closed_form, silly_model
 from tests.support.requires import needs
-from tests.support.state import run_against_eager
+from tests.support.state import CacheStep, compile_model, run_against_eager, step_inputs
 
 SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [1, 2, 4]}
 
@@ -92,22 +95,47 @@ def test_stateful_step_changes_state_once_per_call(setting):
 
 
 @needs(SHARED_UNBACKED_BATCH)
-@pytest.mark.parametrize(("decode", "left"), [(False, "FULL"), (True, "PIECEWISE")])
-def test_capture_all_names_the_call_still_missing(caplog, decode, left):
-    """One kind of batch seen: the other kind's compiled code never ran, so its keys are left
-    to lazy capture with one warning saying which call to make; the seen kind is captured."""
+@pytest.mark.parametrize("decode", [False, True], ids=["mixed", "decode"])
+def test_capture_all_captures_everything_after_one_call_of_either_kind(caplog, decode):
+    """The other kind's compiled code never ran: capture_all runs it once on padding rows,
+    then captures every key of both kinds; later calls only replay."""
     f = compile_silly(compiler="inductor")
     call(f, 4, decode=decode)
     with caplog.at_level("WARNING", logger="cgcompile"):
         captured = cgcompile.capture_all(progress=False)
-    warnings = [r.getMessage() for r in caplog.records if "lazy capture" in r.getMessage()]
-    assert len(warnings) == 1 and f"its {left} graphs" in warnings[0]
-    assert ("uniform decode batch" in warnings[0]) == (left == "FULL")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("cgcompile")] == []
+    assert captured == 3 + 3 * 3  # sizes 1, 2, 4: a full graph, and three pieces, each
     graph = cgcompile.compiled_graphs()[-1]
-    seen = "FULL" if decode else "PIECEWISE"
-    assert graph.report.captured.get(left, []) == []
-    assert len(graph.report.captured[seen]) == 3  # sizes 1, 2, 4
-    assert captured == 3 * (1 if decode else 3)  # per size: one full graph, or three pieces
-    for n in (1, 2, 3, 4):  # the rest is captured on first use; outputs stay right
-        for d in (True, False):
-            call(f, n, d)
+    assert sorted(graph.report.captured["FULL"]) == ["1u1", "2u2", "4u4"]
+    with counters.expect(num_cudagraph_captured=0):
+        for n in (1, 2, 3, 4):
+            for d in (True, False):
+                call(f, n, d)
+
+
+def test_capture_all_after_mixed_calls_changes_no_state():
+    """The full graphs' first run on padding rows writes the KV cache and the step counter;
+    both get their values back, and later calls equal eager's."""
+    torch.manual_seed(0)
+    model = CacheStep()
+    eager = copy.deepcopy(model)
+    compiled = compile_model(model, "FULL_AND_PIECEWISE", "inductor")
+    rng = random.Random(0)
+    with torch.no_grad():
+        x, slot = step_inputs(3, rng, CacheStep.SLOTS)
+        compiled(x, slot), eager(x, slot)  # mixed: the full graphs' compile never ran
+        state = {name: t.clone() for name, t in model.state_dict().items()}
+        # sizes 2, 4, 8 (size 1 is another graph) x (1 piece + 1 full graph); the mixed call
+        # was its key's warm-up, so nothing was captured before
+        with cgcompile.counters.expect(num_cudagraph_captured=3 * 2):
+            cgcompile.capture_all(progress=False)
+        for name, t in model.state_dict().items():
+            assert torch.equal(t, state[name]), f"capture_all changed {name}"
+        for i, n in enumerate([2, 4, 8, 3, 2]):
+            x, slot = step_inputs(n, rng, CacheStep.SLOTS)
+            with cgcompile.counters.expect(num_cudagraph_captured=0):
+                with cgcompile.batch_hint(uniform_decode=i % 2 == 0):
+                    got = compiled(x, slot).clone()
+            torch.testing.assert_close(got, eager(x, slot))
+    torch.testing.assert_close(model.cache[:-1], eager.cache[:-1])
+    assert int(model.steps) == int(eager.steps)
