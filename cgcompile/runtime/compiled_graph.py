@@ -53,14 +53,14 @@ from cgcompile.runtime.inputs import InputPlan
 from cgcompile.runtime.instances import InstanceSlots
 from cgcompile.runtime.outputs import Outputs
 from cgcompile.runtime.ownership import ThreadOwner
-from cgcompile.runtime.ready import ReadyCall
-from cgcompile.runtime.report import GraphReport, describe_key
+from cgcompile.runtime.ready import ReadyCall, ready_call
+from cgcompile.runtime.report import GraphReport, live_report
 from cgcompile.runtime.static_inputs import StaticInputs
 from cgcompile.runtime.variants import SizeVariants
 from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
 
 logger = logging.getLogger(__name__)
-NONE, FULL = CUDAGraphMode.NONE, CUDAGraphMode.FULL
+NONE = CUDAGraphMode.NONE
 
 _live_graphs: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 
@@ -188,29 +188,19 @@ class CompiledGraph:
         if self.plan.copied_back:
             self.static_inputs.copy_back(args, static_args, n, padded)
         if kind is not None:
-            self._make_ready(key, ctx, static_args, n, outputs)
+            ready = ready_call(
+                self.wrappers,
+                self.runnable,
+                self.plan,
+                self.static_inputs,
+                ctx,
+                static_args,
+                n,
+                outputs,
+            )
+            if ready is not None:
+                self._ready[key] = ready
         return outputs.hand_out(out, n, padded)
-
-    def _make_ready(
-        self,
-        key: tuple[Any, ...],
-        ctx: ForwardContext,
-        static_args: list[Any],
-        n: int,
-        outputs: Outputs,
-    ) -> None:
-        """Prebuild the key's steady state once every graph it replays is verified."""
-        mode = ctx.cudagraph_runtime_mode
-        entries = [w.entries.get(ctx.graph_key) for w in self.wrappers if w.runtime_mode is mode]
-        if not entries or any(e is None or not e.verified for e in entries):
-            return
-        padded = ctx.batch_descriptor.num_tokens
-        common = (static_args, n, padded, self.plan, self.static_inputs, outputs)
-        if mode is FULL:
-            (entry,) = entries
-            self._ready[key] = ReadyCall(*common, graph=entry.graph)
-        else:
-            self._ready[key] = ReadyCall(*common, piecewise=(self.runnable, ctx))
 
     @property
     def copies_outputs(self) -> bool:
@@ -277,19 +267,7 @@ class CompiledGraph:
     @property
     def report(self) -> GraphReport:
         """The compile-time report with live capture figures filled in."""
-        captured: dict[str, set[Any]] = {}
-        for wrapper in self.wrappers:
-            captured.setdefault(str(wrapper.runtime_mode), set()).update(wrapper.captured_keys())
-        self._report.captured = {
-            mode: [
-                describe_key(k) for k in sorted(keys, key=lambda k: (k[2], k[0].num_tokens, k[1]))
-            ]
-            for mode, keys in captured.items()
-        }
-        self._report.capture_seconds = sum(w.capture_seconds for w in self.wrappers)
-        self._report.graph_memory_bytes = self.runtime.memory_bytes() if self.runtime else 0
-        self._report.static_input_bytes = self.static_inputs.nbytes()
-        return self._report
+        return live_report(self._report, self.wrappers, self.runtime, self.static_inputs)
 
     def format_report(self) -> str:
         """`report` as text: pieces, mode and why, captured keys, times, memory, fallbacks."""

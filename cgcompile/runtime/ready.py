@@ -15,7 +15,7 @@ the module instance's `Outputs`. A later call of the key then does, top to botto
 Nothing here grows with the model's parameters but PIECEWISE's argument list (the split graph
 takes every input, as Dynamo passes them).
 
-    call = ReadyCall(static_args, n, padded, plan, static_inputs, outputs, graph=graph)
+    call = ready_call(wrappers, split_graph, plan, static_inputs, ctx, static_args, n, outputs)
     out = call(args)
 """
 
@@ -26,11 +26,35 @@ from typing import Any
 
 import torch
 
+from cgcompile.config import CUDAGraphMode
 from cgcompile.forward_context import FORWARD_CONTEXT, ForwardContext
 from cgcompile.runtime.inputs import InputPlan
 from cgcompile.runtime.outputs import Outputs
 from cgcompile.runtime.static_inputs import StaticInputs, copy_into
-from cgcompile.wrappers import CapturedGraph
+from cgcompile.wrappers import CapturedGraph, CUDAGraphWrapper
+
+
+def ready_call(
+    wrappers: Sequence[CUDAGraphWrapper],
+    runnable: Callable[..., Any],
+    plan: InputPlan,
+    static_inputs: StaticInputs,
+    ctx: ForwardContext,
+    static_args: Sequence[Any],
+    n: int,
+    outputs: Outputs,
+) -> ReadyCall | None:
+    """The steady state of the key `ctx` names once every graph it replays is verified (else
+    None); `runnable` is the split graph PIECEWISE runs, `static_args` the call's arguments."""
+    mode = ctx.cudagraph_runtime_mode
+    entries = [w.entries.get(ctx.graph_key) for w in wrappers if w.runtime_mode is mode]
+    if not entries or any(e is None or not e.verified for e in entries):
+        return None
+    common = (static_args, n, ctx.batch_descriptor.num_tokens, plan, static_inputs, outputs)
+    if mode is CUDAGraphMode.FULL:
+        (entry,) = entries
+        return ReadyCall(*common, graph=entry.graph)
+    return ReadyCall(*common, piecewise=(runnable, ctx))
 
 
 class ReadyCall:

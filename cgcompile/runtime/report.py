@@ -7,8 +7,12 @@ for g in cgcompile.compiled_graphs():
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 from cgcompile.forward_context import BatchDescriptor
+from cgcompile.runtime.static_inputs import StaticInputs
+from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
 
 FX_SPLIT = "FX split"
 INDUCTOR_PARTITION = "Inductor partition"
@@ -108,3 +112,24 @@ def describe_key(key: tuple[BatchDescriptor, tuple[int, ...], int]) -> str:
         text += f"u{desc.num_reqs}"
     text += f"{list(sizes)}" if sizes and sizes != (desc.num_tokens,) else ""
     return text + (f"#{instance}" if instance else "")
+
+
+def live_report(
+    report: GraphReport,
+    wrappers: Sequence[CUDAGraphWrapper],
+    runtime: GraphRuntime | None,
+    static_inputs: StaticInputs,
+) -> GraphReport:
+    """`report` with the live figures filled in: captured keys per runtime mode, capture
+    seconds, graph memory and static input bytes."""
+    captured: dict[str, set[Any]] = {}
+    for wrapper in wrappers:
+        captured.setdefault(str(wrapper.runtime_mode), set()).update(wrapper.captured_keys())
+    report.captured = {
+        mode: [describe_key(k) for k in sorted(keys, key=lambda k: (k[2], k[0].num_tokens, k[1]))]
+        for mode, keys in captured.items()
+    }
+    report.capture_seconds = sum(w.capture_seconds for w in wrappers)
+    report.graph_memory_bytes = runtime.memory_bytes() if runtime else 0
+    report.static_input_bytes = static_inputs.nbytes()
+    return report
