@@ -100,7 +100,7 @@ def capture_graphs(graph: Capturable, progress: bool) -> int:
     return captured
 
 
-def _unready_modes(graph: Capturable, examples: list[tuple[int, list[Any]]]) -> set[Any]:
+def _unready_modes(graph: Capturable, examples: list[tuple[int, list[Any]]]) -> set[CUDAGraphMode]:
     """Runtime modes with a wrapper whose callable never ran, after one eager run of each on
     padding rows (`_warm_up`); those whose run failed are returned, with one WARNING each."""
     unready: dict[CUDAGraphMode, str] = {}
@@ -108,7 +108,7 @@ def _unready_modes(graph: Capturable, examples: list[tuple[int, list[Any]]]) -> 
         if not wrapper.ran and wrapper.runtime_mode not in unready:
             unready[wrapper.runtime_mode] = wrapper.name
     descs = dict(graph.dispatcher.get_capture_descs())
-    failed = set()
+    failed: set[CUDAGraphMode] = set()
     for mode, name in unready.items():
         slot, example = examples[0]
         try:
