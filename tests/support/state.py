@@ -108,3 +108,30 @@ def check_strided_inputs(mode, compiler, layout, device="cpu", runtime="simulate
         x = LAYOUTS[layout](n, device)
         cgcompile.mark_dynamic_batch(x)
         torch.testing.assert_close(compiled(x), layout_model(x))
+
+
+def check_capture_all_after_a_mixed_call(compiler: str, sizes: list[int]) -> None:
+    """FULL_AND_PIECEWISE after one mixed call: `capture_all` records sizes 2, 4, 8 (a backed
+    batch: size 1 is another graph) x (1 piece + 1 full graph), changes no state, and the
+    calls of `sizes` after it capture nothing and equal eager's."""
+    torch.manual_seed(0)
+    model = CacheStep()
+    eager = copy.deepcopy(model)
+    compiled = compile_model(model, "FULL_AND_PIECEWISE", compiler)
+    rng = random.Random(1)
+    with torch.no_grad():
+        x, slot = step_inputs(3, rng, CacheStep.SLOTS)
+        compiled(x, slot), eager(x, slot)  # the key's warm-up: nothing captured yet
+        state = {name: t.clone() for name, t in model.state_dict().items()}
+        with cgcompile.counters.expect(num_cudagraph_captured=3 * 2):
+            cgcompile.capture_all(progress=False)
+        for name, t in model.state_dict().items():
+            assert torch.equal(t, state[name]), f"capture_all changed {name}"
+        for i, n in enumerate(sizes):
+            x, slot = step_inputs(n, rng, CacheStep.SLOTS)
+            with cgcompile.counters.expect(num_cudagraph_captured=0):
+                with cgcompile.batch_hint(uniform_decode=i % 2 == 0):
+                    got = compiled(x, slot).clone()
+            torch.testing.assert_close(got, eager(x, slot))
+    torch.testing.assert_close(model.cache[:-1], eager.cache[:-1])
+    assert int(model.steps) == len(sizes) + 1

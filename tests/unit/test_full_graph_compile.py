@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import copy
-import random
-
 import pytest
 import torch
 
@@ -14,7 +11,7 @@ from cgcompile.counters import counters
 from cgcompile.torch_features import SHARED_UNBACKED_BATCH
 from tests.support.models import dyn, silly_closed_form, silly_model
 from tests.support.requires import needs
-from tests.support.state import CacheStep, compile_model, run_against_eager, step_inputs
+from tests.support.state import check_capture_all_after_a_mixed_call, run_against_eager
 
 SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [1, 2, 4]}
 
@@ -116,26 +113,4 @@ def test_capture_all_captures_everything_after_one_call_of_either_kind(caplog, d
 def test_capture_all_after_mixed_calls_changes_no_state():
     """The full graphs' first run on padding rows writes the KV cache and the step counter;
     both get their values back, and later calls equal eager's."""
-    torch.manual_seed(0)
-    model = CacheStep()
-    eager = copy.deepcopy(model)
-    compiled = compile_model(model, "FULL_AND_PIECEWISE", "inductor")
-    rng = random.Random(0)
-    with torch.no_grad():
-        x, slot = step_inputs(3, rng, CacheStep.SLOTS)
-        compiled(x, slot), eager(x, slot)  # mixed: the full graphs' compile never ran
-        state = {name: t.clone() for name, t in model.state_dict().items()}
-        # sizes 2, 4, 8 (size 1 is another graph) x (1 piece + 1 full graph); the mixed call
-        # was its key's warm-up, so nothing was captured before
-        with cgcompile.counters.expect(num_cudagraph_captured=3 * 2):
-            cgcompile.capture_all(progress=False)
-        for name, t in model.state_dict().items():
-            assert torch.equal(t, state[name]), f"capture_all changed {name}"
-        for i, n in enumerate([2, 4, 8, 3, 2]):
-            x, slot = step_inputs(n, rng, CacheStep.SLOTS)
-            with cgcompile.counters.expect(num_cudagraph_captured=0):
-                with cgcompile.batch_hint(uniform_decode=i % 2 == 0):
-                    got = compiled(x, slot).clone()
-            torch.testing.assert_close(got, eager(x, slot))
-    torch.testing.assert_close(model.cache[:-1], eager.cache[:-1])
-    assert int(model.steps) == int(eager.steps)
+    check_capture_all_after_a_mixed_call("inductor", [2, 4, 8, 3, 2])

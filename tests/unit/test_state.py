@@ -3,26 +3,24 @@ written inside the graph, user inputs written in place, padded rows, strided inp
 
 from __future__ import annotations
 
-import copy
 import logging
-import random
 
 import pytest
 import torch
 
 import cgcompile
 import tests.support.silly  # noqa: F401  (registers silly::attention_columns)
-from tests.support.models import MODES, CacheStep
+from tests.support.models import MODES
 from tests.support.state import (
     LAYOUTS,
     SIZES,
+    check_capture_all_after_a_mixed_call,
     check_mutated_inputs,
     check_strided_inputs,
     compile_model,
     mutating_step,
     row_attention,
     run_against_eager,
-    step_inputs,
 )
 
 
@@ -63,26 +61,7 @@ def test_capture_all_changes_no_state(mode):
 
 
 def test_capture_all_then_calls_match_eager():
-    torch.manual_seed(0)
-    model = CacheStep()
-    eager = copy.deepcopy(model)
-    compiled = compile_model(model, "FULL_AND_PIECEWISE")
-    rng = random.Random(1)
-    with torch.no_grad():
-        x, slot = step_inputs(3, rng, CacheStep.SLOTS)
-        compiled(x, slot), eager(x, slot)
-        # sizes 2, 4, 8 (a backed batch: size 1 is another graph) x (1 piece + 1 full graph)
-        with cgcompile.counters.expect(num_cudagraph_captured=3 * 2):
-            cgcompile.capture_all(progress=False)
-        sizes = [n for n in SIZES if n > 1]
-        for i, n in enumerate(sizes):
-            x, slot = step_inputs(n, rng, CacheStep.SLOTS)
-            with cgcompile.counters.expect(num_cudagraph_captured=0):
-                with cgcompile.batch_hint(uniform_decode=i % 2 == 0):
-                    got = compiled(x, slot).clone()
-            torch.testing.assert_close(got, eager(x, slot))
-    torch.testing.assert_close(model.cache[:-1], eager.cache[:-1])
-    assert int(model.steps) == len(sizes) + 1
+    check_capture_all_after_a_mixed_call("eager", [n for n in SIZES if n > 1])
 
 
 def columns_model(x: torch.Tensor) -> torch.Tensor:
