@@ -12,8 +12,9 @@ so in one process Dynamo never walks another peer's cache entries on a call:
   example inputs; a call does one `torch._foreach_copy_` of the user inputs and the replay
   (`tenline/skip-guards` adds `guard_filter_fn=torch.compiler.skip_all_guards_unsafe`);
 - `reduce-overhead`: `torch.compile(mode="reduce-overhead")`;
-- `cg/MODE`: `torch.compile(backend="cudagraph_modes")` in that mode (Inductor pieces, the batch
-  hinted for the capture sizes); `cg/MODE/trusted` with `cgcompile.trusted(...)`.
+- `cg/MODE`: `torch.compile(backend="cudagraph_modes")` in that mode (Inductor pieces), called
+  bare; FULL_AND_PIECEWISE and FULL_DECODE_ONLY inside `batch_hint(uniform_decode=True)` (the
+  example's flat tokens do not show a decode step); `cg/MODE/trusted` with `cgcompile.trusted`.
 
     peer = make_peer("cg/FULL", model_copy, sizes=[1, 8])
     logits = peer.step(tokens, positions)
@@ -164,7 +165,9 @@ def _cgcompile(
     options.update(compiler=compiler, graph_runtime=runtime)
     compiled = torch.compile(own_code(model), backend="cudagraph_modes", options=options)
     target = cgcompile.trusted(compiled) if trusted else compiled
-    uniform = mode != "PIECEWISE"
+    # the example's tokens are flat ([n]): only the modes with decode-only graphs need the hint
+    # to know a decode step (FULL and PIECEWISE capture every batch alike; called bare, as users do)
+    hinted = mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
     marked: set[int] = set()
 
     def step(tokens: torch.Tensor, positions: torch.Tensor) -> Any:
@@ -172,7 +175,9 @@ def _cgcompile(
         if n not in marked:  # only a call that traces needs marked inputs
             marked.add(n)
             mark_batch(model.cfg, tokens, positions, hint=max(sizes) if n > 1 else None)
-        with cgcompile.batch_hint(uniform_decode=uniform):
+        if not hinted:
+            return target(tokens, positions)
+        with cgcompile.batch_hint(uniform_decode=True):
             return target(tokens, positions)
 
     return Peer(f"cg/{mode}" + ("/trusted" if trusted else ""), step, compiled)

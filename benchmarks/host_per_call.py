@@ -6,8 +6,9 @@ One process per peer (in one process Dynamo would walk every peer's cache entrie
 batch 1, capture sizes [1, 8], graphs of eager-compiled pieces (host time does not depend on
 the kernels inside a graph). Per peer, the median over `--calls` calls of perf_counter around
 one call, `torch.cuda.synchronize()` before each; each peer runs in `--rounds` processes, the
-peers taking turns in alternating order, and the round with the least time is reported (all
-rounds are kept: one process of a run once read 3x its peers, bare replay included). Peers
+peers taking turns in alternating order, every process pinned to the same CPU core (`--cpu`), and
+the round with the least time is reported (all rounds are kept: an unpinned process of a run
+once read 3x its peers, bare replay included). Peers
 (`_user_peers`): the hand graph's bare `replay()` and its copy + replay, the 10-line backend
 with and without guards, reduce-overhead, cgcompile FULL, FULL_AND_PIECEWISE and PIECEWISE, and
 FULL/PIECEWISE under `cgcompile.trusted`.
@@ -109,12 +110,14 @@ def _breakdown(peer: Any, model: Llama, tokens: Any, positions: Any, calls: int)
     finally:
         CompiledGraph.__call__ = original  # type: ignore[method-assign]
     out: dict[str, Any] = {}
-    uniform = not peer.name.startswith("cg/PIECEWISE")
+    hinted = peer.name.startswith("cg/FULL_AND_PIECEWISE")  # as the peer's step calls it
     if seen:
         args = seen[-1]
 
         def backend() -> Any:
-            with cgcompile.batch_hint(uniform_decode=uniform):
+            if not hinted:
+                return graph(*args)
+            with cgcompile.batch_hint(uniform_decode=True):
                 return graph(*args)
 
         out["backend_us"] = host_us(backend, calls)
@@ -142,10 +145,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--peers", nargs="+", default=None)
     parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=2, help="processes per peer, in turns")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per peer, in turns")
+    parser.add_argument("--cpu", type=int, default=_quiet_core(), help="core the peers run on")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
+        if args.cpu >= 0:
+            os.sched_setaffinity(0, {args.cpu})
         print(json.dumps(measure(args.one, args.layers[0], args.calls)))
         return
     rows = []
@@ -154,16 +160,23 @@ def main() -> None:
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for r in range(args.rounds):  # a fresh process per peer and round, order alternating
             for name in names if r % 2 == 0 else names[::-1]:
-                runs[name].append(_one(name, layers, args.calls))
+                runs[name].append(_one(name, layers, args.calls, args.cpu))
                 print(f"  round {r}: {_line(runs[name][-1])}", flush=True)
         for name in names:
             rows.append(_least(runs[name]))
             print(_line(rows[-1]), flush=True)
-    _write(args.out, rows)
+    _write(args.out, rows, args.cpu)
 
 
-def _one(name: str, layers: int, calls: int) -> dict[str, Any]:
+def _quiet_core() -> int:
+    """A core other than the first two (where the system's own work tends to land); -1: none."""
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[2] if len(cores) > 2 else -1
+
+
+def _one(name: str, layers: int, calls: int, cpu: int) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--one", name, "--layers", str(layers), "--calls", str(calls)]
+    cmd += ["--cpu", str(cpu)]
     run = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     lines = run.stdout.strip().splitlines()
     if run.returncode or not lines:
@@ -189,7 +202,7 @@ def _line(row: dict[str, Any]) -> str:
     return f"{row['layers']:3d} layers {row['peer']:24} {row['host_us']:8.1f} us  {extra}{pieces}"
 
 
-def _write(out: Path, rows: list[dict[str, Any]]) -> None:
+def _write(out: Path, rows: list[dict[str, Any]], cpu: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {
         "date": datetime.date.today().isoformat(),
@@ -197,6 +210,7 @@ def _write(out: Path, rows: list[dict[str, Any]]) -> None:
         "torch": torch.__version__,
         "commit": os.environ.get("CGCOMPILE_COMMIT", "unknown"),
         "what": "host us per call, GPU idle before each call, median; batch 1, bf16",
+        "cpu_core": cpu,
     }
     (out / "host-per-call.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     by = {(r["layers"], r["peer"]): r for r in rows if "host_us" in r}
