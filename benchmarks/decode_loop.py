@@ -8,6 +8,9 @@ steps each, in a rotating order; the median per-token time over rounds is report
 ratio to the hand-captured graph fed the same way. Models: the example Llama with 4 layers of
 hidden 512 and with 16 layers of hidden 1024 (bf16, KV cache written in place), batch 1 and 8.
 
+Compiles may run beside other benchmark processes; the timed rounds run in this process's turn
+(`_turns`). With other `--models` than the default the results file is named by the first.
+
     python benchmarks/decode_loop.py --out DIR [--models 4x512 16x1024] [--batches 1 8]
 """
 
@@ -27,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._turns import preparing, timing_turn  # noqa: E402
 from benchmarks._user_peers import Peer, make_peer  # noqa: E402
 from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
 
@@ -38,6 +42,7 @@ PEERS = [
     "cg/FULL/trusted",
     "cg/FULL_AND_PIECEWISE/trusted",
 ]
+DEFAULT_MODELS = ["4x512", "16x1024"]
 PIECEWISE_PEERS = ["cg/PIECEWISE", "hand_pieces"]  # with --piecewise, on the largest model
 
 
@@ -67,13 +72,15 @@ def run(spec: str, batches: list[int], names: list[str], rounds: int, steps: int
     rows = []
     with torch.no_grad():
         for n in batches:
+            preparing()
             for peer in peers:  # compile, capture, warm up
                 for _ in range(3):
                     loop_us(peer, peer.cfg, n, 4)
             times: dict[str, list[float]] = {p.name: [] for p in peers}
-            for r in range(rounds):
-                for peer in peers[r % len(peers) :] + peers[: r % len(peers)]:
-                    times[peer.name].append(loop_us(peer, peer.cfg, n, steps))
+            with timing_turn():
+                for r in range(rounds):
+                    for peer in peers[r % len(peers) :] + peers[: r % len(peers)]:
+                        times[peer.name].append(loop_us(peer, peer.cfg, n, steps))
             rows += _rows(spec, n, times)
     return rows
 
@@ -92,7 +99,7 @@ def _rows(spec: str, n: int, times: dict[str, list[float]]) -> list[dict[str, An
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("out"))
-    parser.add_argument("--models", nargs="+", default=["4x512", "16x1024"])
+    parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--peers", nargs="+", default=PEERS)
     parser.add_argument("--piecewise", action="store_true", help="add PIECEWISE peers")
@@ -114,7 +121,12 @@ def main() -> None:
         "what": "greedy decode loop reading each token on the host, us per token, median",
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode-loop.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    name = (
+        "decode-loop.json"
+        if args.models == DEFAULT_MODELS
+        else f"decode-loop-{args.models[0]}.json"
+    )
+    (args.out / name).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

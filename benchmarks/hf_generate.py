@@ -41,6 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cgcompile  # noqa: E402
+from benchmarks._turns import preparing, timing_turn  # noqa: E402
 
 PEERS = ("eager", "hf_default_compile", "cg/FULL", "cg/FULL_AND_PIECEWISE", "cg/PIECEWISE")
 
@@ -173,6 +174,7 @@ def main() -> int:
     args = parser.parse_args()
     global HINT
     HINT = args.hint
+    preparing()
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     torch._dynamo.config.recompile_limit = 64  # every peer's model shares forward's code
@@ -193,7 +195,8 @@ def main() -> int:
         except Exception as e:  # one failing peer must not end the run
             results[peer] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
     print(f"[hf_generate] {args.repeats} rounds, peers in turns ...", flush=True)
-    time_in_turns(models, prompts, results, args)
+    with timing_turn():
+        time_in_turns(models, prompts, results, args)
     report = summarize(results, args, device, dtype)
     report["graphs"] = [g.format_report() for g in cgcompile.compiled_graphs()]
     args.out.mkdir(parents=True, exist_ok=True)

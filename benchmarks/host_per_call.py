@@ -8,13 +8,16 @@ the kernels inside a graph). Per peer, the median over `--calls` calls of perf_c
 one call, `torch.cuda.synchronize()` before each; each peer runs in `--rounds` processes, the
 peers taking turns in alternating order, every process pinned to the same CPU core (`--cpu`), and
 the round with the least time is reported (all rounds are kept: an unpinned process of a run
-once read 3x its peers, bare replay included). Peers
-(`_user_peers`): the hand graph's bare `replay()` and its copy + replay, the 10-line backend
-with and without guards, reduce-overhead, cgcompile FULL, FULL_AND_PIECEWISE and PIECEWISE, and
-FULL/PIECEWISE under `cgcompile.trusted`.
+once read 3x its peers, bare replay included). Peers (`_user_peers`): the hand graph's bare
+`replay()` (`--peers hand`: its copy + replay), the 10-line backend with and without guards,
+reduce-overhead, cgcompile FULL, FULL_AND_PIECEWISE and PIECEWISE, and FULL/PIECEWISE under
+`cgcompile.trusted`.
 For cgcompile peers also: the backend alone (the compiled graph called with the arguments
 Dynamo passes), the bare replay of its graph, and for PIECEWISE the replays of its pieces and
 its eager attention calls, so cgcompile's own time per piece is what is left.
+
+With `--jobs J` J peer processes run at once: they compile side by side and time one at a time
+(`_turns`, with CGBENCH_TURNS set).
 
     python benchmarks/host_per_call.py --out DIR [--layers 16 64] [--peers cg/FULL tenline]
 """
@@ -30,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +41,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._turns import preparing, timing_turn  # noqa: E402
 from benchmarks._user_peers import make_peer  # noqa: E402
 from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
 
 PEERS = [
     "replay",
-    "hand",
     "tenline",
     "tenline/skip-guards",
     "reduce-overhead",
@@ -72,8 +76,9 @@ def _model(layers: int) -> Llama:
     return Llama(cfg).to("cuda", torch.bfloat16).eval()
 
 
-def measure(name: str, layers: int, calls: int) -> dict[str, Any]:
-    """One peer in this process."""
+def measure(name: str, layers: int, calls: int, cpu: int) -> dict[str, Any]:
+    """One peer in this process: prepared at any time, timed in its turn on core `cpu`."""
+    preparing()
     model = _model(layers)
     peer = make_peer("hand" if name == "replay" else name, model, sizes=[1, 8], compiler="eager")
     tokens, positions = make_inputs(model.cfg, 1, "cuda")
@@ -81,6 +86,15 @@ def measure(name: str, layers: int, calls: int) -> dict[str, Any]:
         for _ in range(10):
             peer.step(tokens, positions)
         torch.cuda.synchronize()
+        with timing_turn():
+            if cpu >= 0:
+                os.sched_setaffinity(0, {cpu})
+            return _timed(name, layers, calls, model, peer, tokens, positions)
+
+
+def _timed(name: str, layers: int, calls: int, model: Llama, peer: Any, *inputs: Any) -> dict:
+    tokens, positions = inputs
+    with torch.no_grad():
         result: dict[str, Any] = {"peer": name, "layers": layers}
         if name == "replay":
             result["host_us"] = host_us(peer.replay, calls)
@@ -147,23 +161,33 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3, help="processes per peer, in turns")
     parser.add_argument("--cpu", type=int, default=_quiet_core(), help="core the peers run on")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="peer processes at once (timed in turns: _turns)"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        if args.cpu >= 0:
-            os.sched_setaffinity(0, {args.cpu})
-        print(json.dumps(measure(args.one, args.layers[0], args.calls)))
+        print(json.dumps(measure(args.one, args.layers[0], args.calls, args.cpu)))
         return
-    rows = []
+    tasks = []  # a fresh process per peer and round, the order alternating by round
     for layers in args.layers:
         names = args.peers or (PEERS if layers <= 16 else DEEP_PEERS)
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-        for r in range(args.rounds):  # a fresh process per peer and round, order alternating
-            for name in names if r % 2 == 0 else names[::-1]:
-                runs[name].append(_one(name, layers, args.calls, args.cpu))
-                print(f"  round {r}: {_line(runs[name][-1])}", flush=True)
-        for name in names:
-            rows.append(_least(runs[name]))
+        for r in range(args.rounds):
+            tasks += [(layers, name, r) for name in (names if r % 2 == 0 else names[::-1])]
+
+    def one(task: tuple[int, str, int]) -> dict[str, Any]:
+        layers, name, r = task
+        row = _one(name, layers, args.calls, args.cpu)
+        print(f"  round {r}: {_line(row)}", flush=True)
+        return row
+
+    with ThreadPoolExecutor(args.jobs) as pool:  # jobs > 1: prepared at once, timed in turns
+        done = list(pool.map(one, tasks))
+    rows = []
+    for layers in args.layers:
+        for name in args.peers or (PEERS if layers <= 16 else DEEP_PEERS):
+            runs = [row for t, row in zip(tasks, done, strict=True) if t[:2] == (layers, name)]
+            rows.append(_least(runs))
             print(_line(rows[-1]), flush=True)
     _write(args.out, rows, args.cpu)
 

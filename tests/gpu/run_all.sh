@@ -5,7 +5,9 @@
 # (profile), paths, interleaved, diag. Full logs go to $1 (default $OUT or ./out); a short
 # summary is printed last. STAGES picks a subset (e.g. STAGES="tests host") to fit a time limit;
 # SHARDS=3 runs the GPU tests in three processes at once (about a third of the wall time), each
-# stopped after TESTS_TIMEOUT seconds if given.
+# stopped after TESTS_TIMEOUT seconds if given. PARALLEL=1 runs the stages tests, host, loop and hf
+# side by side (compiles overlap, timed phases take turns: benchmarks/_turns.py); ARCHIVE=1 packs
+# every result but summary.txt into all.tgz (a device run returns at most 8 files).
 #   bash tests/gpu/run_all.sh "$OUT" [benchmark args, e.g. --quick]
 # On a copied checkout whose git metadata may be stale, give the commit yourself:
 #   CGCOMPILE_COMMIT=abc1234 bash tests/gpu/run_all.sh "$OUT"   (the tree digest is printed too)
@@ -56,6 +58,23 @@ gpu_tests() {  # SHARDS=k: k pytest processes at once on the one GPU (compiles a
   echo "shards: $(for ((k = 0; k < shards; k++)); do tail -n 1 "$dir/log-$k"; done | tr '\n' ' ')"
   return $code
 }
+if [ -n "${PARALLEL:-}" ]; then
+  # tests, host, loop and hf side by side: every process compiles at once and times alone
+  # (benchmarks/_turns.py); the GPU tests count as preparing while they run
+  export CGBENCH_TURNS="$(mktemp -d)"
+  pids=()
+  ( touch "$CGBENCH_TURNS/preparing-$BASHPID"; run tests gpu-tests.log gpu_tests ) & pids+=($!)
+  run host host-per-call.log python benchmarks/host_per_call.py --out "$out" --rounds 2 --jobs 8 & pids+=($!)
+  for model in 4x512 16x1024; do
+    extra=(); [ "$model" = 16x1024 ] && extra=(--piecewise)
+    run loop "decode-loop-$model.log" python benchmarks/decode_loop.py --out "$out" \
+      --models "$model" "${extra[@]}" & pids+=($!)
+  done
+  run hf hf-generate.log python benchmarks/hf_generate.py --out "$out" & pids+=($!)
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  stages=" ${stages//tests/} "; stages="${stages// host / }"; stages="${stages// loop / }"
+  stages="${stages// hf / }"
+fi
 run tests gpu-tests.log gpu_tests
 # host us per call, one process per peer (16 and 64 layers), and the decode loop users see
 run host host-per-call.log python benchmarks/host_per_call.py --out "$out"
@@ -85,5 +104,10 @@ grep -hE "^(FAILED|ERROR)" "$out/gpu-tests.log" 2>/dev/null | head -20
 [ -f "$out/benchmark.log" ] && tail -n 12 "$out/benchmark.log"
 [ -f "$out/hf-generate.log" ] && tail -n 8 "$out/hf-generate.log"
 [ -f "$out/host-per-call.log" ] && cat "$out/host-per-call.log"
-[ -f "$out/decode-loop.log" ] && grep "us/token" "$out/decode-loop.log"
+cat "$out"/decode-loop*.log 2>/dev/null | grep "us/token"
+# at most 8 files come back from a device run: everything but the summary goes in one archive
+if [ -n "${ARCHIVE:-}" ]; then
+  (cd "$out" && tar czf all.tgz --exclude summary.txt --exclude all.tgz . &&
+    find . -mindepth 1 ! -name summary.txt ! -name all.tgz -delete)
+fi
 exit $rc
