@@ -8,6 +8,11 @@ live process is preparing and then holds an exclusive lock on `DIR/lock` while i
 process that prepares again after a turn calls `preparing()` again. Without the variable both
 do nothing, so a benchmark run alone behaves as before.
 
+Turns keep compiles off the CPU while a process times, not the other processes' CUDA contexts
+off the GPU: with a dozen idle ones alive, host time per call read 2-5x high on the H200 machine
+(bare replay included), so host-time benchmarks run alone; peers timed in turns inside one
+process (decode loop, generate()) compare fairly, their absolute figures may read high.
+
     preparing()
     ... compile, capture, warm up ...
     with timing_turn():

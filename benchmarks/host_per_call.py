@@ -6,15 +6,18 @@ One process per peer (in one process Dynamo would walk every peer's cache entrie
 batch 1, capture sizes [1, 8], graphs of eager-compiled pieces (host time does not depend on
 the kernels inside a graph). Per peer, the median over `--calls` calls of perf_counter around
 one call, `torch.cuda.synchronize()` before each; each peer runs in `--rounds` processes, the
-peers taking turns in alternating order, every process pinned to the same CPU core (`--cpu`), and
-the round with the least time is reported (all rounds are kept: an unpinned process of a run
-once read 3x its peers, bare replay included). Peers (`_user_peers`): the hand graph's bare
+peers taking turns in alternating order, and the round with the least time is reported (all
+rounds are kept: one process of a run once read 3x its peers, bare replay included). `--cpu K`
+pins the timing to core K (on the H200 machine pinned processes read 3-5x slower, bare replay
+included: left off by default). Peers (`_user_peers`): the hand graph's bare
 `replay()` (`--peers hand`: its copy + replay), the 10-line backend with and without guards,
 reduce-overhead, cgcompile FULL, FULL_AND_PIECEWISE and PIECEWISE, and FULL/PIECEWISE under
 `cgcompile.trusted`.
 For cgcompile peers also: the backend alone (the compiled graph called with the arguments
-Dynamo passes), the bare replay of its graph, and for PIECEWISE the replays of its pieces and
-its eager attention calls, so cgcompile's own time per piece is what is left.
+Dynamo passes), the bare replay of its graph, its fused input copy alone and an empty Python
+function called with the same arguments, so cgcompile's own time (`own_us`) is what is left;
+for PIECEWISE the replays of its pieces and its eager attention calls, so cgcompile's own time
+per piece is what is left.
 
 With `--jobs J` J peer processes run at once: they compile side by side and time one at a time
 (`_turns`, with CGBENCH_TURNS set).
@@ -136,8 +139,14 @@ def _breakdown(peer: Any, model: Llama, tokens: Any, positions: Any, calls: int)
 
         out["backend_us"] = host_us(backend, calls)
     ready = [call for call in graph._ready.values() if call.n == tokens.shape[0]]
-    if ready and ready[0].graph is not None:
-        out["bare_replay_us"] = host_us(ready[0].graph.replay, calls)
+    if ready and ready[0].graph is not None and seen:
+        call, args = ready[0], seen[-1]
+        out["bare_replay_us"] = host_us(call.graph.replay, calls)
+        out["copy_us"] = host_us(lambda: _copy(call, args), calls)
+        out["args_us"] = host_us(lambda: _take(*args), calls)
+        if "backend_us" in out:  # what is left is cgcompile's own
+            parts = out["bare_replay_us"] + out["copy_us"] + out["args_us"]
+            out["own_us"] = out["backend_us"] - parts
     pieces = [w for w in graph.wrappers if w.runtime_mode == cgcompile.CUDAGraphMode.PIECEWISE]
     if ready and ready[0].graph is None:
         entries = [next(iter(w.entries.values())) for w in pieces if w.entries]
@@ -153,6 +162,16 @@ def _breakdown(peer: Any, model: Llama, tokens: Any, positions: Any, calls: int)
     return out
 
 
+def _copy(call: Any, args: tuple[Any, ...]) -> None:
+    """The ready call's fused copy of the caller's tensors, alone."""
+    torch._foreach_copy_(call.targets, [args[i] for i in call.sources])
+
+
+def _take(*args: Any) -> None:
+    """A Python call taking Dynamo's arguments (every parameter and buffer): the toll of the
+    calling convention, paid by any backend."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("out"))
@@ -160,7 +179,7 @@ def main() -> None:
     parser.add_argument("--peers", nargs="+", default=None)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3, help="processes per peer, in turns")
-    parser.add_argument("--cpu", type=int, default=_quiet_core(), help="core the peers run on")
+    parser.add_argument("--cpu", type=int, default=-1, help="pin each peer's timing to a core")
     parser.add_argument(
         "--jobs", type=int, default=1, help="peer processes at once (timed in turns: _turns)"
     )
@@ -190,12 +209,6 @@ def main() -> None:
             rows.append(_least(runs))
             print(_line(rows[-1]), flush=True)
     _write(args.out, rows, args.cpu)
-
-
-def _quiet_core() -> int:
-    """A core other than the first two (where the system's own work tends to land); -1: none."""
-    cores = sorted(os.sched_getaffinity(0))
-    return cores[2] if len(cores) > 2 else -1
 
 
 def _one(name: str, layers: int, calls: int, cpu: int) -> dict[str, Any]:

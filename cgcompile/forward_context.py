@@ -164,13 +164,7 @@ _batch_hint: contextvars.ContextVar[BatchHint | None] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
-def batch_hint(
-    uniform_decode: bool | None = None,
-    num_reqs: int | None = None,
-    has_lora: bool = False,
-    invalid_modes: set[CUDAGraphMode] | frozenset[CUDAGraphMode] = frozenset(),
-) -> Iterator[BatchHint]:
+class batch_hint:  # noqa: N801 - a context manager named as users call it
     """Describe the batch of the enclosed calls to the automatic dispatcher.
 
     `uniform_decode`: every request has the same query length q (`uniform_decode_query_len`,
@@ -187,12 +181,32 @@ def batch_hint(
         with cgcompile.batch_hint(uniform_decode=True):
             logits = compiled(tokens)          # FULL graph in FULL_AND_PIECEWISE
     """
-    hint = _checked_hint(uniform_decode, num_reqs, has_lora, invalid_modes)
-    token = _batch_hint.set(hint)
-    try:
-        yield hint
-    finally:
-        _batch_hint.reset(token)
+
+    __slots__ = ("hint", "_tokens")
+
+    def __init__(
+        self,
+        uniform_decode: bool | None = None,
+        num_reqs: int | None = None,
+        has_lora: bool = False,
+        invalid_modes: set[CUDAGraphMode] | frozenset[CUDAGraphMode] = frozenset(),
+    ) -> None:
+        common = num_reqs is None and has_lora is False and not invalid_modes
+        if common and (uniform_decode is None or uniform_decode is True or uniform_decode is False):
+            self.hint = _COMMON_HINTS[uniform_decode]  # a decode loop's hint: nothing to build
+        else:
+            self.hint = _checked_hint(uniform_decode, num_reqs, has_lora, invalid_modes)
+        self._tokens: list[contextvars.Token[BatchHint | None]] = []
+
+    def __enter__(self) -> BatchHint:
+        self._tokens.append(_batch_hint.set(self.hint))
+        return self.hint
+
+    def __exit__(self, *exc: object) -> None:
+        _batch_hint.reset(self._tokens.pop())
+
+
+_COMMON_HINTS = {u: BatchHint(u) for u in (None, True, False)}
 
 
 def _checked_hint(uniform_decode: Any, num_reqs: Any, has_lora: Any, modes: Any) -> BatchHint:
