@@ -43,7 +43,11 @@ PEERS = [
     "cg/FULL_AND_PIECEWISE/trusted",
 ]
 DEFAULT_MODELS = ["4x512", "16x1024"]
-PIECEWISE_PEERS = ["cg/PIECEWISE", "hand_pieces"]  # with --piecewise, on the largest model
+PIECEWISE_PEERS = [
+    "cg/PIECEWISE",
+    "cg/PIECEWISE/trusted",
+    "hand_pieces",
+]  # with --piecewise, on the largest model
 
 
 def _model(spec: str) -> Llama:
