@@ -1,13 +1,14 @@
 """Host (Python) cost of one cgcompile forward, graphs replaced by a no-op runtime; runs on CPU.
 
-Compiles a 16-layer Llama with tiny dims (compiler eager) whose graph runtime records nothing and
-replays nothing, so a forward costs only the host work around the graphs: Dynamo's guard check,
-dispatch, input copies, the piece wrappers, the stitching graph and the eager attention. A hand
-loop of 17 no-op replays, 16 attention calls and 16 copies is the floor to compare with. Prints
-microseconds per forward and a cProfile of the forward by own time (Dynamo's guard check runs
-in C when the model's frame starts, so cProfile books it to `Module._call_impl`).
+Compiles a Llama (16 layers, or `--layers`) with tiny dims (compiler eager) whose graph runtime
+records nothing and replays nothing, so a forward costs only the host work around the graphs:
+Dynamo's guard check, dispatch, input copies, the piece wrappers, the stitching graph and the
+eager attention. A hand loop of 17 no-op replays, 16 attention calls and 16 copies is the floor
+to compare with. Prints microseconds per forward and a cProfile of the forward by own time
+(Dynamo's guard check runs in C when the model's frame starts, so cProfile books it to
+`Module._call_impl`).
 
-    python benchmarks/host_overhead.py [--mode PIECEWISE] [--skip-module-guards] [--sort cumulative]
+    python benchmarks/host_overhead.py [--mode PIECEWISE] [--layers 64] [--skip-module-guards]
 """
 
 from __future__ import annotations
@@ -127,10 +128,11 @@ def main() -> None:
         help="guard_filter_fn=torch.compiler.skip_guard_on_all_nn_modules_unsafe",
     )
     parser.add_argument("--sort", default="tottime", help="cProfile order, e.g. cumulative")
+    parser.add_argument("--layers", type=int, default=16)
     args = parser.parse_args()
     mode = args.mode
     pipeline.make_graph_runtime = lambda kind, device=None: NullRuntime()
-    cfg = LlamaConfig(num_layers=16, hidden=64, heads=4, ffn=128, vocab=256, cache_len=64)
+    cfg = LlamaConfig(num_layers=args.layers, hidden=64, heads=4, ffn=128, vocab=256, cache_len=64)
     model = Llama(cfg).eval()
     # "simulated" passes the CPU check; the patched factory hands out the no-op runtime instead
     options = {"cudagraph_mode": mode, "compiler": "eager", "graph_runtime": "simulated"}
@@ -186,7 +188,7 @@ def main() -> None:
             "one attention call": per_call_us(lambda: layer.attention(query), 20000),
         }
         guards = ", module guards skipped" if args.skip_module_guards else ""
-        print(f"{mode}{guards}, 8 tokens, us per forward:")
+        print(f"{mode}{guards}, {args.layers} layers, 8 tokens, us per forward:")
         for name, us in tiers.items():
             print(f"  {name:28} {us:8.1f}")
         checks = _address_checks(graph, ctx.cudagraph_runtime_mode)
