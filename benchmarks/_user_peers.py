@@ -10,7 +10,9 @@ so in one process Dynamo never walks another peer's cache entries on a call:
   (`_hand_graphs.HandPiecewise`), SDPA run eagerly between them;
 - `tenline`: a 10-line Dynamo backend: the traced graph captured once on static copies of its
   example inputs; a call does one `torch._foreach_copy_` of the user inputs and the replay
-  (`tenline/skip-guards` adds `guard_filter_fn=torch.compiler.skip_all_guards_unsafe`);
+  (`tenline/skip-guards` adds `guard_filter_fn=torch.compiler.skip_all_guards_unsafe`;
+  `tenline/inductor` captures Inductor's compile of the graph: the hand graph's kernels behind
+  Dynamo, the floor of any backend that keeps Dynamo's guards); each size traced statically;
 - `reduce-overhead`: `torch.compile(mode="reduce-overhead")`;
 - `cg/MODE`: `torch.compile(backend="cudagraph_modes")` in that mode (Inductor pieces), called
   bare; FULL_AND_PIECEWISE and FULL_DECODE_ONLY inside `batch_hint(uniform_decode=True)` (the
@@ -140,10 +142,32 @@ def tenline_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
     return run
 
 
-def _tenline(model: Llama, skip_guards: bool) -> Peer:
+def tenline_inductor_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    """`tenline_backend` on Inductor's compile of the graph: the hand graph's kernels."""
+    from torch._inductor.compile_fx import compile_fx
+
+    compiled = compile_fx(gm, list(example_inputs))
+    return tenline_backend(_Traced(gm, compiled), example_inputs)
+
+
+class _Traced(torch.nn.Module):
+    """A compiled graph with the traced graph's placeholders (which `tenline_backend` reads)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, compiled: Callable) -> None:
+        super().__init__()
+        self.graph = gm.graph
+        self.compiled = compiled
+
+    def forward(self, *args: Any) -> Any:
+        return self.compiled(*args)
+
+
+def _tenline(model: Llama, name: str) -> Peer:
+    skip_guards = name == "tenline/skip-guards"
     options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe} if skip_guards else None
-    compiled = torch.compile(own_code(model), backend=tenline_backend, options=options)
-    return Peer("tenline/skip-guards" if skip_guards else "tenline", compiled, compiled)
+    backend = tenline_inductor_backend if name == "tenline/inductor" else tenline_backend
+    compiled = torch.compile(own_code(model), backend=backend, options=options, dynamic=False)
+    return Peer(name, compiled, compiled)
 
 
 def _reduce_overhead(model: Llama) -> Peer:
@@ -198,8 +222,8 @@ def make_peer(
         peer = _hand(model, compiler)
     elif name == "hand_pieces":
         peer = _hand_pieces(model)
-    elif name in ("tenline", "tenline/skip-guards"):
-        peer = _tenline(model, skip_guards=name.endswith("skip-guards"))
+    elif name in ("tenline", "tenline/skip-guards", "tenline/inductor"):
+        peer = _tenline(model, name)
     elif name == "reduce-overhead":
         peer = _reduce_overhead(model)
     elif name.startswith("cg/"):

@@ -36,6 +36,7 @@ from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
 
 PEERS = [
     "hand",
+    "tenline/inductor",
     "reduce-overhead",
     "cg/FULL",
     "cg/FULL_AND_PIECEWISE",

@@ -5,11 +5,13 @@ One process per peer (in one process Dynamo would walk every peer's cache entrie
 `forward`): the example Llama (hidden 1024, 16 or 64 layers, bf16, KV cache written in place),
 batch 1, capture sizes [1, 8], graphs of eager-compiled pieces (host time does not depend on
 the kernels inside a graph). Per peer, the median over `--calls` calls of perf_counter around
-one call, `torch.cuda.synchronize()` before each; each peer runs in `--rounds` processes, the
-peers taking turns in alternating order, and the round with the least time is reported (all
-rounds are kept: one process of a run once read 3x its peers, bare replay included). `--cpu K`
-pins the timing to core K (on the H200 machine pinned processes read 3-5x slower, bare replay
-included: left off by default). Peers (`_user_peers`): the hand graph's bare
+one call, `torch.cuda.synchronize()` before each, timed in turns with a hand graph of the same
+model in the same process (copy + replay, no Dynamo): processes of one run differ in host speed
+by up to 5x as a whole (bare replay 5.3-32.6 us on 2026-12-02), so peers of different
+processes compare by their ratio to it (`vs_hand`). Each peer runs in `--rounds` processes, the
+peers taking turns in alternating order; the round with the least ratio is reported, every
+round kept. `--cpu K` pins the timing to core K (on the H200 machine pinned processes read 3-5x
+slower: left off by default). Peers (`_user_peers`): the hand graph's bare
 `replay()` (`--peers hand`: its copy + replay), the 10-line backend with and without guards,
 reduce-overhead, cgcompile FULL, FULL_AND_PIECEWISE and PIECEWISE, and FULL/PIECEWISE under
 `cgcompile.trusted`.
@@ -64,6 +66,10 @@ DEEP_PEERS = ["tenline", "cg/FULL", "cg/FULL/trusted"]  # for the 64-layer model
 
 def host_us(call: Callable[[], Any], calls: int) -> float:
     """Median host microseconds of `call`, the GPU idle before each."""
+    return statistics.median(_samples(call, calls)) * 1e6
+
+
+def _samples(call: Callable[[], Any], calls: int) -> list[float]:
     times = []
     for _ in range(calls):
         torch.cuda.synchronize()
@@ -71,7 +77,16 @@ def host_us(call: Callable[[], Any], calls: int) -> float:
         call()
         times.append(time.perf_counter() - start)
     torch.cuda.synchronize()
-    return statistics.median(times) * 1e6
+    return times
+
+
+def _in_turns(calls: int, *steps: Callable[[], Any]) -> list[float]:
+    """Median host us of each step, timed in four alternating blocks (drift hits all alike)."""
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(4):
+        for step, samples in zip(steps, times, strict=True):
+            samples += _samples(step, max(1, calls // 4))
+    return [statistics.median(samples) * 1e6 for samples in times]
 
 
 def _model(layers: int) -> Llama:
@@ -84,25 +99,31 @@ def measure(name: str, layers: int, calls: int, cpu: int) -> dict[str, Any]:
     preparing()
     model = _model(layers)
     peer = make_peer("hand" if name == "replay" else name, model, sizes=[1, 8], compiler="eager")
+    yardstick = make_peer("hand", model, sizes=[1, 8], compiler="eager")  # no Dynamo in it
     tokens, positions = make_inputs(model.cfg, 1, "cuda")
     with torch.no_grad():
         for _ in range(10):
             peer.step(tokens, positions)
+            yardstick.step(tokens, positions)
         torch.cuda.synchronize()
         with timing_turn():
             if cpu >= 0:
                 os.sched_setaffinity(0, {cpu})
-            return _timed(name, layers, calls, model, peer, tokens, positions)
+            return _timed(name, layers, calls, model, peer, yardstick, tokens, positions)
 
 
-def _timed(name: str, layers: int, calls: int, model: Llama, peer: Any, *inputs: Any) -> dict:
+def _timed(
+    name: str, layers: int, calls: int, model: Llama, peer: Any, yardstick: Any, *inputs: Any
+) -> dict:
+    """The peer's host us per call, and beside it, in turns, the same process's hand graph
+    (copy + replay): processes of one run differ in speed by up to 5x, so peers in different
+    processes compare by their ratio to it (`vs_hand`)."""
     tokens, positions = inputs
     with torch.no_grad():
         result: dict[str, Any] = {"peer": name, "layers": layers}
-        if name == "replay":
-            result["host_us"] = host_us(peer.replay, calls)
-            return result
-        result["host_us"] = host_us(lambda: peer.step(tokens, positions), calls)
+        step = peer.replay if name == "replay" else lambda: peer.step(tokens, positions)
+        us, hand = _in_turns(calls, step, lambda: yardstick.step(tokens, positions))
+        result.update(host_us=us, hand_us=hand, vs_hand=us / hand)
         if name.startswith("cg/"):
             result.update(_breakdown(peer, model, tokens, positions, calls))
     return result
@@ -222,19 +243,22 @@ def _one(name: str, layers: int, calls: int, cpu: int) -> dict[str, Any]:
 
 
 def _least(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round with the least host time (a process can run slow as a whole: its bare replay
-    shows it), with every round's figure in `host_us_rounds`."""
+    """The round with the least host time against its own hand graph (a process can run slow
+    as a whole), with every round's figures in `host_us_rounds` and `vs_hand_rounds`."""
     good = [r for r in runs if "host_us" in r]
     if not good:
         return runs[-1]
-    return {**min(good, key=lambda r: r["host_us"]), "host_us_rounds": [r["host_us"] for r in good]}
+    least = min(good, key=lambda r: r["vs_hand"])
+    rounds = {"host_us_rounds": [r["host_us"] for r in good]}
+    return {**least, **rounds, "vs_hand_rounds": [r["vs_hand"] for r in good]}
 
 
 def _line(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"{row['layers']:3d} layers {row['peer']:24} ERROR {row['error'][-300:]}"
     extra = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k.endswith("_us") and k != "host_us")
-    extra += " rounds=" + "/".join(f"{v:.0f}" for v in row.get("host_us_rounds", []))
+    extra += f" vs_hand={row['vs_hand']:.2f} rounds="
+    extra += "/".join(f"{v:.0f}" for v in row.get("host_us_rounds", []))
     pieces = f" pieces={row['pieces']}" if "pieces" in row else ""
     return f"{row['layers']:3d} layers {row['peer']:24} {row['host_us']:8.1f} us  {extra}{pieces}"
 
@@ -252,10 +276,12 @@ def _write(out: Path, rows: list[dict[str, Any]], cpu: int) -> None:
     (out / "host-per-call.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     by = {(r["layers"], r["peer"]): r for r in rows if "host_us" in r}
     for layers in sorted({r["layers"] for r in rows}):
-        ten, full = by.get((layers, "tenline")), by.get((layers, "cg/FULL"))
-        if ten and full:
-            own = full["host_us"] - ten["host_us"]
-            print(f"{layers} layers: cg/FULL - tenline = {own:.1f} us (cgcompile's own)")
+        ten = by.get((layers, "tenline"))
+        for name in ("cg/FULL", "cg/FULL_AND_PIECEWISE"):
+            full = by.get((layers, name))
+            if ten and full:
+                ratio = full["vs_hand"] / ten["vs_hand"]
+                print(f"{layers} layers: {name} / tenline = {ratio:.3f} (each vs its hand graph)")
 
 
 if __name__ == "__main__":
