@@ -94,6 +94,24 @@ def test_context_set_in_a_thread_does_not_leak_out() -> None:
 # ---- ForwardContext validation -----------------------------------------------------------
 
 
+def test_one_batch_hint_object_reentered_and_left_by_an_exception_restores() -> None:
+    hint = batch_hint(uniform_decode=True)  # a decode loop may build it once and reuse it
+    with pytest.raises(RuntimeError, match="inside"):
+        with hint as outer:
+            with batch_hint(uniform_decode=False):
+                with hint as again:
+                    assert again is outer and current_batch_hint() is outer
+                assert current_batch_hint().uniform_decode is False
+            raise RuntimeError("inside")
+    assert current_batch_hint() is None
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", [True]], ids=repr)
+def test_batch_hint_rejects_a_uniform_decode_that_is_not_a_bool(value: Any) -> None:
+    with pytest.raises(ConfigError, match="uniform_decode must be True or False"):
+        batch_hint(uniform_decode=value)
+
+
 @pytest.mark.parametrize(
     "mode",
     [CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.FULL_AND_PIECEWISE],
