@@ -164,6 +164,24 @@ def test_fresh_attention_output_is_copied_in_every_replay():
         torch.testing.assert_close(f(x), fresh_model(x))
 
 
+def test_piece_boundaries_copy_only_what_an_eager_op_allocated():
+    """An attention op writing into a buffer its previous piece allocated (`out=`): no piece
+    copies anything in; one returning a fresh tensor: the next piece copies that one."""
+    with_out = compile_fn(
+        silly_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4], compiler="eager"
+    )
+    fresh = compile_fn(
+        fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4], compiler="eager"
+    )
+    for _ in range(3):  # warm-up, capture, replay
+        x = dyn(torch.randn(4, 3))
+        torch.testing.assert_close(with_out(x), silly_closed_form(x))
+        torch.testing.assert_close(fresh(x), fresh_model(x))
+    out_graph, fresh_graph = cgcompile.compiled_graphs()
+    assert [w.copy_arg_indices for w in out_graph.wrappers] == [(), (), ()]
+    assert [len(w.copy_arg_indices) for w in fresh_graph.wrappers] == [0, 1]
+
+
 def test_new_unmanaged_input_raises_on_first_replay():
     f = compile_fn(
         fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[4], compiler="eager"
