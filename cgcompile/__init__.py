@@ -6,6 +6,7 @@ compiled = torch.compile(model, backend="cudagraph_modes",
 
 from cgcompile.attention import register_attention_op
 from cgcompile.backend import cudagraph_modes
+from cgcompile.backend.compile_cache import load_compile_cache, save_compile_cache
 from cgcompile.config import (
     AttentionCGSupport,
     CompilationConfig,
@@ -53,9 +54,11 @@ __all__ = [
     "cudagraph_modes",
     "get_forward_context",
     "is_forward_context_available",
+    "load_compile_cache",
     "mark_dynamic_batch",
     "register_attention_op",
     "resolve_cudagraph_mode",
+    "save_compile_cache",
     "set_forward_context",
     "trusted",
     "validate_options",

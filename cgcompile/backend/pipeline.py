@@ -30,6 +30,7 @@ from torch import fx
 
 from cgcompile.attention import attention_ops, find_attention, is_split_at
 from cgcompile.backend.build import BuildRequest, Built
+from cgcompile.backend.compile_cache import note_compiled
 from cgcompile.backend.fx_split import build_split
 from cgcompile.backend.partition import (
     Fallback,
@@ -112,6 +113,7 @@ def compile_graph(
     _count(built.counts)
     report = _report(graph_id, config, resolution, attention, support, runtime_kind, built)
     report.compile_seconds = time.perf_counter() - start
+    note_compiled(graph_id)
     report.pad_unsafe = plan.pad_unsafe
     _log_resolution(graph_id, resolution, attention, built)
     shapes_only, traced = built.shapes_only, gm.forward

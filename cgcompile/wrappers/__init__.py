@@ -6,7 +6,12 @@ The backend makes one runtime per compiled model and wraps each piece (and the w
     piece = CUDAGraphWrapper(compiled_piece, CUDAGraphMode.PIECEWISE, runtime, name="piece_0")
 """
 
-from cgcompile.wrappers.cuda import CapturedCUDAGraph, CUDAGraphRuntime, weak_ref_tensors
+from cgcompile.wrappers.cuda import (
+    CapturedCUDAGraph,
+    CUDAGraphRuntime,
+    device_name,
+    weak_ref_tensors,
+)
 from cgcompile.wrappers.cuda_graph_wrapper import CUDAGraphWrapper
 from cgcompile.wrappers.graph_entry import GraphEntry, GraphKey
 from cgcompile.wrappers.runtime import CapturedGraph, GraphRuntime, make_graph_runtime
@@ -22,6 +27,7 @@ __all__ = [
     "GraphRuntime",
     "SimulatedGraph",
     "SimulatedGraphRuntime",
+    "device_name",
     "make_graph_runtime",
     "poison_value",
     "weak_ref_tensors",

@@ -157,6 +157,14 @@ class CUDAGraphRuntime:
         return output
 
 
+def device_name() -> str:
+    """The GPU this process compiles for (CUDA device 0), or "cpu": what compiled kernels fit."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"{torch.cuda.get_device_name(0)} (sm_{major}{minor}, CUDA {torch.version.cuda})"
+
+
 def weak_ref_tensors(value: Any) -> Any:
     """`value` with each CUDA tensor replaced by a non-owning alias of the same memory.
 

@@ -1,0 +1,150 @@
+"""Warm restart: save what this process compiled, load it in a new process before compiling.
+
+`save_compile_cache(path)` writes the artifacts torch's compile caches hold from this process
+(`torch.compiler.save_cache_artifacts()`: Inductor's FX-graph and AOTAutograd cache entries,
+with their Triton kernels, and Dynamo's dynamic-shape profiles) behind a header that names the
+torch and cgcompile versions and the device. `load_compile_cache(path)`, in a new process before
+the first call, puts them into the local caches, so compiling each piece becomes a cache lookup.
+Dynamo still traces the model, cgcompile still splits it and captures its graphs.
+
+Nothing is loaded wrong: a file from another torch, cgcompile or device is refused with one
+WARNING and the process compiles as usual; the caches are keyed by graph, options and
+configuration, so a changed model or option finds no entry and compiles anew, which the first
+compile after such a load reports once at WARNING (`note_compiled`).
+
+    cgcompile.save_compile_cache("llama.cgcache")   # after the first calls
+    cgcompile.load_compile_cache("llama.cgcache")   # next process, before the first call
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch._dynamo.utils import counters as torch_counters
+
+from cgcompile.errors import CGCompileError
+from cgcompile.wrappers import device_name
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"cgcompile-compile-cache 1\n"
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("cgcompile")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout on PYTHONPATH
+        return "checkout"
+
+
+def _header() -> dict[str, str]:
+    """What must match between the saving and the loading process."""
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return {
+        "torch": torch.__version__,
+        "cgcompile": _version(),
+        "python": python,
+        "device": device_name(),
+    }
+
+
+def save_compile_cache(path: str | os.PathLike[str]) -> Path:
+    """Write this process's compiled artifacts to `path` (replaced whole, never half written).
+    `CGCompileError` if nothing was compiled yet. Returns the path."""
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        raise CGCompileError(
+            "save_compile_cache: this process has compiled nothing yet; call the compiled model "
+            "(every batch kind you serve) first, then save"
+        )
+    payload, info = saved
+    target = Path(path)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_bytes(MAGIC + json.dumps(_header()).encode() + b"\n" + payload)
+    partial.replace(target)
+    kinds = {kind: len(keys) for kind, keys in info.artifacts.items() if keys}
+    logger.info("compile cache saved to %s: %d bytes, artifacts %s", target, len(payload), kinds)
+    return target
+
+
+@dataclasses.dataclass
+class _Loaded:
+    """The file this process loaded and the cache misses before its first compile."""
+
+    path: str
+    misses_before: int
+    warned: bool = False
+
+
+_loaded: list[_Loaded] = []
+"""Process-wide, like torch's caches: the loads of this process (the last one is checked)."""
+
+
+def load_compile_cache(path: str | os.PathLike[str]) -> bool:
+    """Put the artifacts saved at `path` into this process's compile caches; call it before the
+    first call of a compiled model. False, and the process compiles as usual, when there is no
+    file (INFO) or it does not fit this process (one WARNING saying why)."""
+    target = Path(path)
+    if not target.exists():
+        logger.info("no compile cache at %s: compiling as usual", target)
+        return False
+    header, payload = _read(target)
+    if header is None:
+        logger.warning("%s is not a cgcompile compile cache: compiling as usual", target)
+        return False
+    ours = _header()
+    differ = [f"{k} {header.get(k)!r} (here {v!r})" for k, v in ours.items() if header.get(k) != v]
+    if differ:
+        logger.warning(
+            "compile cache %s was saved with %s: not loaded, compiling as usual",
+            target,
+            "; ".join(differ),
+        )
+        return False
+    info = torch.compiler.load_cache_artifacts(payload)
+    kinds = {kind: len(keys) for kind, keys in info.artifacts.items() if keys} if info else {}
+    _loaded.append(_Loaded(str(target), _misses()))
+    logger.info("compile cache loaded from %s: artifacts %s", target, kinds)
+    return True
+
+
+def _read(target: Path) -> tuple[dict[str, str] | None, bytes]:
+    data = target.read_bytes()
+    if not data.startswith(MAGIC):
+        return None, b""
+    line, _, payload = data[len(MAGIC) :].partition(b"\n")
+    try:
+        header = json.loads(line)
+    except ValueError:
+        return None, b""
+    return (header if isinstance(header, dict) else None), payload
+
+
+def _misses() -> int:
+    return torch_counters["inductor"]["fxgraph_cache_miss"]
+
+
+def note_compiled(graph_id: int) -> None:
+    """After a backend compile: if a loaded cache lacked some of this process's compiles since,
+    say so once (the model code, options or configuration differ from the saving process)."""
+    if not _loaded or _loaded[-1].warned:
+        return
+    loaded = _loaded[-1]
+    missed = _misses() - loaded.misses_before
+    if missed > 0:
+        loaded.warned = True
+        logger.warning(
+            "graph %d: the compile cache loaded from %s lacked %d of the compiles since (the "
+            "model code, the options or torch's configuration differ from the process that "
+            "saved it): compiled them anew; save the cache again after this run",
+            graph_id,
+            loaded.path,
+            missed,
+        )
