@@ -53,6 +53,9 @@ class Built:
     full_runnable: Callable[..., Any] | None = None
     """What full graphs capture, if not `runnable`: FULL_AND_PIECEWISE's whole-graph compile
     on the FX split (`full_graph_compile='whole'`)."""
+    compile_parts: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds per part of the compile: 'pieces' and 'whole graph' (FX split with
+    FULL_AND_PIECEWISE's whole-graph compile), for the report."""
     shapes_only: Callable[[], contextlib.AbstractContextManager[None]] | None = None
     """A context in which the eager splitting ops only compute shapes (`dry_run`), for
     recording PIECEWISE graphs without running anything; None where they cannot be replaced

@@ -127,8 +127,14 @@ def _read(target: Path) -> tuple[dict[str, str] | None, bytes]:
     return (header if isinstance(header, dict) else None), payload
 
 
+def inductor_cache_counts() -> tuple[int, int]:
+    """(hits, misses) of Inductor's FX-graph cache in this process so far."""
+    inductor = torch_counters["inductor"]
+    return inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"]
+
+
 def _misses() -> int:
-    return torch_counters["inductor"]["fxgraph_cache_miss"]
+    return inductor_cache_counts()[1]
 
 
 def note_compiled(graph_id: int) -> None:

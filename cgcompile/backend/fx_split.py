@@ -16,6 +16,7 @@ Steps of `build_split`:
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import Any
 
@@ -33,7 +34,9 @@ def build_split(request: BuildRequest) -> Built:
     mode, config = request.mode, request.config
     # Only piecewise graphs need the split; otherwise Inductor sees (and fuses) the whole graph.
     matcher = OpMatcher(request.specs if mode.requires_piecewise_compilation() else ())
+    start = time.perf_counter()
     split, runners = _compile(request, matcher)
+    parts = {"pieces": time.perf_counter() - start}
     _install_pieces(split, runners, mode, request.make_wrapper, request.plan.static_tensors)
     counts = {
         "num_graphs_seen": 1,
@@ -43,7 +46,9 @@ def build_split(request: BuildRequest) -> Built:
     }
     full_runnable = None
     if wants_whole_full_graphs(config, mode) and split.splitting:
+        start = time.perf_counter()
         whole, whole_runners = _compile(request, OpMatcher(()))
+        parts["whole graph"] = time.perf_counter() - start
         _install_pieces(whole, whole_runners, CUDAGraphMode.FULL, request.make_wrapper, ())
         full_runnable = whole.split_gm.forward
         counts["num_backend_compilations"] += count_compilations(whole_runners)
@@ -62,6 +67,7 @@ def build_split(request: BuildRequest) -> Built:
         pieces,
         counts,
         full_runnable=full_runnable,
+        compile_parts=parts,
         shapes_only=partial(shapes_only, split),
     )
 

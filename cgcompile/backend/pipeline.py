@@ -30,7 +30,7 @@ from torch import fx
 
 from cgcompile.attention import attention_ops, find_attention, is_split_at
 from cgcompile.backend.build import BuildRequest, Built
-from cgcompile.backend.compile_cache import note_compiled
+from cgcompile.backend.compile_cache import inductor_cache_counts, note_compiled
 from cgcompile.backend.fx_split import build_split
 from cgcompile.backend.partition import (
     Fallback,
@@ -103,6 +103,7 @@ def compile_graph(
     wrappers: list[CUDAGraphWrapper] = []
     make_wrapper = piecewise_factory(runtime, config, graph_id, wrappers)
     request = BuildRequest(gm, example_inputs, config, plan, mode, specs, make_wrapper)
+    cache_before = inductor_cache_counts()
     built = _build(request, graph_id)
     runnable = built.runnable
     if mode.has_full_cudagraphs():
@@ -113,6 +114,8 @@ def compile_graph(
     _count(built.counts)
     report = _report(graph_id, config, resolution, attention, support, runtime_kind, built)
     report.compile_seconds = time.perf_counter() - start
+    hits, misses = (a - b for a, b in zip(inductor_cache_counts(), cache_before, strict=True))
+    report.inductor_cache = (hits, misses)
     note_compiled(graph_id)
     report.pad_unsafe = plan.pad_unsafe
     _log_resolution(graph_id, resolution, attention, built)
@@ -247,6 +250,7 @@ def _report(
         num_partitions=built.num_partitions,
         partition_fallback=built.partition_fallback,
         full_graph_compile=built.full_graph_compile(resolution.mode),
+        compile_parts=built.compile_parts,
     )
 
 

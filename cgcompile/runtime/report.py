@@ -57,6 +57,11 @@ class GraphReport:
     full_graph_compile: str | None = None
     """FULL_AND_PIECEWISE: what its full graphs replay: 'whole' (a compile of the unsplit graph,
     the partition path's or `full_graph_compile='whole'`) or 'pieces' (the split's pieces)."""
+    compile_parts: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds of the parts of `compile_seconds` compiled apart ('pieces', 'whole graph')."""
+    inductor_cache: tuple[int, int] = (0, 0)
+    """(hits, misses) of Inductor's FX-graph cache during this compile: after
+    `load_compile_cache`, all hits."""
     num_eager_fallbacks: int = 0
     captured: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     """Graph keys captured so far, per runtime mode."""
@@ -71,7 +76,7 @@ class GraphReport:
             f"graph {self.graph_id}: mode {self.mode} (requested {self.requested_mode}), "
             f"runtime {self.graph_runtime or 'none'}, compiler {self.compiler}",
             f"  attention: {self.attention_ops or 'none'} -> support {self.attention_support}",
-            f"  {self._format_path()}, compiled in {self.compile_seconds:.2f}s",
+            f"  {self._format_path()}, compiled in {self.compile_seconds:.2f}s{self._parts()}",
         ]
         if self.full_graph_compile:
             lines.append(f"  full graphs replay: {_FULL_GRAPHS[self.full_graph_compile]}")
@@ -88,6 +93,13 @@ class GraphReport:
             f"{self.static_input_bytes / 2**20:.1f} MiB, eager fallbacks {self.num_eager_fallbacks}"
         )
         return "\n".join(lines)
+
+    def _parts(self) -> str:
+        parts = [f"{name} {s:.2f}s" for name, s in self.compile_parts.items()]
+        hits, misses = self.inductor_cache
+        if hits or misses:
+            parts.append(f"Inductor cache {hits} hits, {misses} misses")
+        return f" ({', '.join(parts)})" if parts else ""
 
     def _format_path(self) -> str:
         if self.num_partitions:

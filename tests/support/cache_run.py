@@ -47,6 +47,7 @@ def main() -> None:
                 "hits": inductor["fxgraph_cache_hit"],
                 "misses": inductor["fxgraph_cache_miss"],
                 "max_error": error,
+                "report_cache": list(cgcompile.compiled_graphs()[0].report.inductor_cache),
             }
         )
     )

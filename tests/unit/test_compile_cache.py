@@ -52,6 +52,9 @@ def test_a_saved_cache_makes_every_compile_of_a_fresh_process_a_hit(saved):
     assert result["loaded"] is True
     assert result["misses"] == 0 and result["hits"] == first["misses"]
     assert result["max_error"] < 1e-5
+    # the report shows it: (hits, misses) of the graph's compile
+    assert first["report_cache"] == [0, first["misses"]]
+    assert result["report_cache"] == [first["misses"], 0]
     assert "lacked" not in stderr
 
 

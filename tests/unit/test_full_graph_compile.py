@@ -56,6 +56,11 @@ def test_full_graphs_compile_the_whole_graph_once_more(setting, compiles, report
     captured = graph.report.captured
     assert captured == {"FULL": ["4u4"], "PIECEWISE": ["2", "4"]}
     assert "full graphs replay: " in graph.format_report()
+    # what each compile cost: the whole graph's own part only where it has one
+    parts = graph.report.compile_parts
+    assert list(parts) == (["pieces", "whole graph"] if report == "whole" else ["pieces"])
+    assert 0 < sum(parts.values()) <= graph.report.compile_seconds
+    assert f"pieces {parts['pieces']:.2f}s" in graph.format_report()
 
 
 def test_modes_with_one_kind_of_graph_report_no_full_graph_compile():
