@@ -95,6 +95,9 @@ run paths paths.log python benchmarks/profile_step.py --modes PIECEWISE --paths 
 run interleaved interleaved.log python benchmarks/interleaved.py --out "$out"
 run interleaved interleaved-mixed.log python benchmarks/interleaved.py --out "$out" --mixed \
   --peers PIECEWISE PIECEWISE/partition
+# not in the default stages: time to ready from fresh processes, cold, warm on the same
+# caches, warm from a saved compile cache (STAGES=coldwarm)
+run coldwarm cold-warm.log python benchmarks/cold_warm.py --out "$out"
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
 

@@ -1,0 +1,194 @@
+"""Time to ready, cold and warm: each step from a fresh process to serving every capture size.
+
+Three fresh processes in a row, each compiling the example Llama (`LlamaConfig.bench()`, bf16,
+KV cache written in place, default options, `mark_dynamic_batch(..., hint=512)`):
+
+- `cold`: empty Inductor and Triton caches; at the end it saves `save_compile_cache(FILE)`;
+- `warm-local`: the same caches again (a plain restart on the same machine);
+- `warm-file`: empty caches, `load_compile_cache(FILE)` first (a restart on a fresh machine).
+
+Each prints, in seconds: load of the compile cache, first call of 8 tokens (Dynamo, split,
+Inductor pieces and the whole-graph compile), first call of 1 token (batch 1 is traced apart),
+`capture_all()` with its graph count, then graph memory, each graph's report line (compile
+parts, Inductor cache hits and misses), step times at 1, 8, 32 and 128 tokens (decode batches,
+CUDA events, median of 20), and a soak of `--soak` calls of random sizes and kinds after
+`capture_all`: graphs captured and memory grown during it (both should be 0).
+
+    python benchmarks/cold_warm.py --out DIR [--soak 2000]
+    python benchmarks/cold_warm.py --out DIR --quick      # tiny model on CPU, simulated graphs
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cgcompile  # noqa: E402
+from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
+
+PHASES = ("cold", "warm-local", "warm-file")
+STEP_SIZES = (1, 8, 32, 128)
+
+
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def _timed(fn: Any, cuda: bool) -> float:
+    _sync(cuda)
+    start = time.perf_counter()
+    fn()
+    _sync(cuda)
+    return time.perf_counter() - start
+
+
+def phase(args: argparse.Namespace) -> dict[str, Any]:
+    """One fresh process: load (warm-file), first calls, capture_all, step times, soak, save."""
+    cuda = not args.quick
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    result: dict[str, Any] = {"phase": args.phase}
+    if args.load:
+        result["load_s"] = _timed(lambda: cgcompile.load_compile_cache(args.load), cuda)
+    cfg = LlamaConfig(num_layers=2, cache_len=600) if args.quick else LlamaConfig.bench()
+    torch.manual_seed(0)
+    model = Llama(cfg).to(device, dtype).eval()
+    options: dict[str, Any] = {"graph_runtime": "simulated"} if args.quick else {}
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+
+    def call(n: int, decode: bool) -> Any:
+        tokens, positions = make_inputs(cfg, n, device)
+        mark_batch(cfg, tokens, positions, hint=512)
+        with cgcompile.batch_hint(uniform_decode=decode):
+            return compiled(tokens, positions)
+
+    with torch.no_grad():
+        result["first_call_8_s"] = _timed(lambda: call(8, False), cuda)
+        result["first_call_1_s"] = _timed(lambda: call(1, True), cuda)
+        reserved = torch.cuda.memory_reserved() if cuda else 0
+        captured: list[int] = []
+        result["capture_all_s"] = _timed(
+            lambda: captured.append(cgcompile.capture_all(progress=False)), cuda
+        )
+        result["graphs_captured"] = captured[0]
+        graphs = cgcompile.compiled_graphs()
+        result["graph_memory_mib"] = sum(g.report.graph_memory_bytes for g in graphs) / 2**20
+        if cuda:
+            result["reserved_growth_mib"] = (torch.cuda.memory_reserved() - reserved) / 2**20
+        result["reports"] = [g.format_report().splitlines()[2].strip() for g in graphs]
+        result["step_ms"] = {n: _step_ms(call, n, cuda) for n in STEP_SIZES}
+        result.update(_soak(call, args.soak, cuda))
+    if args.save:
+        cgcompile.save_compile_cache(args.save)
+    return result
+
+
+def _step_ms(call: Any, n: int, cuda: bool) -> float:
+    """Median ms of a decode step of n tokens after warm-up (CUDA events on a GPU)."""
+    for _ in range(3):
+        call(n, True)
+    times = []
+    for _ in range(20):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call(n, True)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            times.append(_timed(lambda: call(n, True), cuda) * 1e3)
+    return statistics.median(times)
+
+
+def _soak(call: Any, calls: int, cuda: bool) -> dict[str, Any]:
+    """`calls` calls of random sizes (1-512) and kinds: graphs captured and memory grown."""
+    rng = random.Random(0)
+    before = cgcompile.counters.num_cudagraph_captured
+    reserved = torch.cuda.memory_reserved() if cuda else 0
+    for _ in range(calls):
+        call(rng.randint(1, 512), rng.random() < 0.5)
+    _sync(cuda)
+    grown = (torch.cuda.memory_reserved() - reserved) / 2**20 if cuda else 0.0
+    captured = cgcompile.counters.num_cudagraph_captured - before
+    return {"soak_calls": calls, "soak_graphs_captured": captured, "soak_memory_grown_mib": grown}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("out"))
+    parser.add_argument("--quick", action="store_true", help="tiny model on CPU")
+    parser.add_argument("--soak", type=int, default=2000)
+    parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--load", help=argparse.SUPPRESS)
+    parser.add_argument("--save", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase:
+        print(json.dumps(phase(args)))
+        return
+    work = Path(tempfile.mkdtemp(prefix="cgcompile-cold-warm-"))
+    saved = work / "bench.cgcache"
+    caches = {"cold": work / "a", "warm-local": work / "a", "warm-file": work / "b"}
+    rows = []
+    for name in PHASES:
+        extra = {"cold": ["--save", str(saved)], "warm-file": ["--load", str(saved)]}
+        rows.append(_run(args, name, caches[name], extra.get(name, [])))
+        print(_line(rows[-1]), flush=True)
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name() if not args.quick else "cpu",
+        "torch": torch.__version__,
+        "commit": os.environ.get("CGCOMPILE_COMMIT", "unknown"),
+        "what": "seconds from a fresh process to every capture size captured, cold and warm",
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cold-warm.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+def _run(args: argparse.Namespace, name: str, cache: Path, extra: list[str]) -> dict[str, Any]:
+    """One phase in a fresh process whose Inductor and Triton caches live under `cache`."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
+    env["TRITON_CACHE_DIR"] = str(cache / "triton")
+    cmd = [sys.executable, __file__, "--phase", name, "--soak", str(args.soak), *extra]
+    cmd += ["--quick"] if args.quick else []
+    began = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - began
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        return {"phase": name, "error": proc.stderr[-1500:], "process_s": wall}
+    return {**json.loads(lines[-1]), "process_s": wall}
+
+
+def _line(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"{row['phase']:10} ERROR {row['error'][-400:]}"
+    ready = row["first_call_8_s"] + row["first_call_1_s"] + row["capture_all_s"]
+    ready += row.get("load_s", 0.0)
+    steps = " ".join(f"{n}:{ms:.3f}" for n, ms in row["step_ms"].items())
+    return (
+        f"{row['phase']:10} ready {ready:6.1f}s (load {row.get('load_s', 0):.1f}, first 8 "
+        f"{row['first_call_8_s']:.1f}, first 1 {row['first_call_1_s']:.1f}, capture_all "
+        f"{row['capture_all_s']:.1f} for {row['graphs_captured']} graphs), graph memory "
+        f"{row['graph_memory_mib']:.0f} MiB, step ms {steps}, soak {row['soak_calls']} calls: "
+        f"{row['soak_graphs_captured']} graphs, {row['soak_memory_grown_mib']:.0f} MiB; "
+        f"process {row['process_s']:.1f}s\n    " + "\n    ".join(row["reports"])
+    )
+
+
+if __name__ == "__main__":
+    main()
