@@ -65,6 +65,10 @@ class NullRuntime:
         """Holds nothing."""
 
 
+def _take(*args: Any) -> None:
+    """A Python call taking the arguments Dynamo passes: the toll any backend pays."""
+
+
 def per_call_us(fn: Callable[[], Any], calls: int = 2000) -> float:
     for _ in range(50):
         fn()
@@ -180,6 +184,7 @@ def main() -> None:
         tiers = {
             "torch.compile'd model": per_call_us(step),
             "CompiledGraph (no Dynamo)": per_call_us(no_dynamo),
+            "a call taking its arguments": per_call_us(lambda: _take(*outer)),
             "stitching + wrappers": per_call_us(graphs_only),
             "manual mode": per_call_us(manual),
             "manual mode, no checks": _without_address_checks(graph, manual),

@@ -66,9 +66,9 @@ def save_compile_cache(path: str | os.PathLike[str]) -> Path:
         )
     payload, info = saved
     target = Path(path)
-    partial = target.with_name(target.name + ".partial")
-    partial.write_bytes(MAGIC + json.dumps(_header()).encode() + b"\n" + payload)
-    partial.replace(target)
+    temporary = target.with_name(target.name + ".partial")
+    temporary.write_bytes(MAGIC + json.dumps(_header()).encode() + b"\n" + payload)
+    temporary.replace(target)  # a reader never sees half a file
     kinds = {kind: len(keys) for kind, keys in info.artifacts.items() if keys}
     logger.info("compile cache saved to %s: %d bytes, artifacts %s", target, len(payload), kinds)
     return target
