@@ -85,6 +85,42 @@ def test_capture_all_keeps_the_strides_of_eager_op_outputs():
             torch.testing.assert_close(compiled(x), columns_model(x))
 
 
+def test_capture_all_works_out_identical_attention_pieces_once_per_key(monkeypatch):
+    """The stand-ins of a key's N identical attention pieces share one fake run (it costs
+    milliseconds of host time each), and the graphs they record still replay eager's outputs."""
+    from cgcompile.backend import dry_run
+    from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
+
+    cfg = LlamaConfig(num_layers=4)
+    model, reference = Llama(cfg).eval(), Llama(cfg).eval()
+    reference.load_state_dict(model.state_dict())
+    options = {"cudagraph_mode": "PIECEWISE", "graph_runtime": "simulated", "compiler": "eager"}
+    compiled = torch.compile(
+        model, backend="cudagraph_modes", options={**options, "cudagraph_capture_sizes": [2, 4]}
+    )
+    runs = []
+
+    class CountingFakeMode(dry_run.FakeTensorMode):
+        def __enter__(self):
+            runs.append(1)
+            return super().__enter__()
+
+    monkeypatch.setattr(dry_run, "FakeTensorMode", CountingFakeMode)
+    with torch.no_grad():
+        tokens, positions = make_inputs(cfg, 4, "cpu")
+        mark_batch(cfg, tokens, positions)
+        torch.testing.assert_close(compiled(tokens, positions), reference(tokens, positions))
+        with cgcompile.counters.expect(num_cudagraph_captured=2 * 5):  # 2 keys x 5 pieces
+            cgcompile.capture_all(progress=False)
+        assert len(runs) == 2  # one per key, not one per layer
+        for n in (2, 3, 4):
+            tokens, positions = make_inputs(cfg, n, "cpu", torch.Generator().manual_seed(n + 9))
+            mark_batch(cfg, tokens, positions)
+            with cgcompile.counters.expect(num_cudagraph_captured=0):
+                got = compiled(tokens, positions)
+            torch.testing.assert_close(got, reference(tokens, positions))
+
+
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 @pytest.mark.parametrize("mode", MODES)
 def test_mutated_user_inputs_equal_eager(mode, compiler):
