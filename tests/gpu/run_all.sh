@@ -76,7 +76,7 @@ if [ -n "${PARALLEL:-}" ]; then
   stages=" ${stages//tests/} "; stages="${stages// loop / }"; stages="${stages// hf / }"
 fi
 run tests gpu-tests.log gpu_tests
-# host us per call, one process per peer (16 and 64 layers), and the decode loop users see
+# host us per call, one process per peer (16 layers), and the decode loop users see
 run host host-per-call.log python benchmarks/host_per_call.py --out "$out" --layers 16 --rounds 2
 # not in the default stages (each fits one device call, ~5 min): the 64-layer peers (STAGES=host64)
 run host64 host-per-call-64.log python benchmarks/host_per_call.py --out "$out/host64" \
