@@ -22,13 +22,15 @@ from cgcompile.backend import compile_cache
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(cache: Path, *args: str) -> tuple[dict, str]:
+def run(cache: Path, *args: str, triton: Path | None = None) -> tuple[dict, str]:
     """tests/support/cache_run.py in a fresh process whose Inductor cache `cache` holds no
     compiled graph (FX-graph and AOTAutograd entries removed; the C++ kernels built by earlier
-    processes stay, which only saves the build time)."""
+    processes stay, which only saves the build time); `triton`: its Triton cache."""
     for entries in ("fxgraph", "aotautograd"):
         shutil.rmtree(cache / entries, ignore_errors=True)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    if triton is not None:
+        env["TRITON_CACHE_DIR"] = str(triton)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-m", "tests.support.cache_run", *args],
