@@ -6,8 +6,8 @@ a shape-only stand-in (`dry_run.shapes_only`), on batches made of padding rows, 
 buffers and inputs keep their values. Inductor's partitioned code has no stand-ins: its
 PIECEWISE keys are recorded only when the graph writes no state, else left to lazy capture.
 PIECEWISE keys first, then FULL, each largest first so smaller graphs reuse the pool blocks of
-larger ones; the garbage collector is frozen meanwhile. A key whose capture fails is left to
-lazy capture (which warms up first).
+larger ones; the heap is collected once per `capture_all` and frozen meanwhile (`frozen_heap`).
+A key whose capture fails is left to lazy capture (which warms up first).
 
 A runtime mode whose compiled code has never run (FULL_AND_PIECEWISE's full graphs after mixed
 calls only: their whole-graph compile is made on first use) is first run once, eagerly, on a
@@ -25,7 +25,7 @@ import contextlib
 import gc
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -87,17 +87,28 @@ def capture_graphs(graph: Capturable, progress: bool) -> int:
     keys = [(m, d) for m, d in keys if m not in unready]
     todo = [(slot, args, mode, desc) for slot, args in examples for mode, desc in keys]
     before = counters.num_cudagraph_captured
-    gc.collect()
-    gc.freeze()
-    try:
-        with torch.no_grad():  # graphs are for inference; nothing here may record autograd
-            for item in _progress(todo, progress, f"graph {graph_id}"):
-                _capture_key(graph, *item)
-    finally:
-        gc.unfreeze()
+    with frozen_heap(), torch.no_grad():  # graphs are for inference: no autograd records
+        for item in _progress(todo, progress, f"graph {graph_id}"):
+            _capture_key(graph, *item)
     captured = counters.num_cudagraph_captured - before
     logger.info("graph %d: captured %d graphs for %d keys", graph_id, captured, len(todo))
     return captured
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Collect garbage once (freeing what the graphs' memory could reuse), then freeze the heap
+    while graphs are recorded, so collections only look at new objects. A heap already frozen,
+    by an enclosing `capture_all` or by the user, is left as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _unready_modes(graph: Capturable, examples: list[tuple[int, list[Any]]]) -> set[CUDAGraphMode]:

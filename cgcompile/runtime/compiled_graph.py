@@ -297,4 +297,5 @@ def capture_all(progress: bool = True) -> int:
     keys captured before are not counted, so a second call returns 0. `progress`: a tqdm bar
     if tqdm is installed.
     """
-    return sum(graph.capture_all(progress) for graph in compiled_graphs())
+    with bulk_capture.frozen_heap():  # one collection for every graph
+        return sum(graph.capture_all(progress) for graph in compiled_graphs())

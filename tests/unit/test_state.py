@@ -85,6 +85,27 @@ def test_capture_all_keeps_the_strides_of_eager_op_outputs():
             torch.testing.assert_close(compiled(x), columns_model(x))
 
 
+def test_capture_all_collects_garbage_once_and_leaves_a_frozen_heap_frozen(monkeypatch):
+    import gc
+
+    compiled = compile_model(columns_model, "FULL", "eager")
+    for n in (4, 1):  # two compiled graphs: batch 1 is traced apart
+        x = torch.randn(n, 8)
+        cgcompile.mark_dynamic_batch(x)
+        compiled(x)
+    assert len(cgcompile.compiled_graphs()) == 2
+    collect, collections = gc.collect, []
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(a) or collect(*a))
+    assert cgcompile.capture_all(progress=False) > 0
+    assert len(collections) == 1 and gc.get_freeze_count() == 0
+    gc.freeze()  # the user's own freeze
+    try:
+        cgcompile.capture_all(progress=False)
+        assert len(collections) == 1 and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
 def test_capture_all_works_out_identical_attention_pieces_once_per_key(monkeypatch):
     """The stand-ins of a key's N identical attention pieces share one fake run (it costs
     milliseconds of host time each), and the graphs they record still replay eager's outputs."""
