@@ -74,15 +74,16 @@ def _spec(t: torch.Tensor) -> _Spec:
 
 def _describe(arg: Any) -> Hashable:
     """What of an input can change a splitting op's output metadata: a tensor's layout, dtype,
-    device and grad flag; any other argument itself (by identity if it is not hashable)."""
+    device and grad flag; a list or tuple element by element; a plain constant itself. Anything
+    else gives a key of its own (a new object), so that call is worked out afresh."""
     if isinstance(arg, torch.Tensor):
         layout = (tuple(arg.shape), arg.stride(), arg.storage_offset())
         return (*layout, arg.dtype, arg.device, arg.requires_grad)
-    try:
-        hash(arg)
-    except TypeError:
-        return ("id", id(arg))
-    return (type(arg), arg)
+    if isinstance(arg, (list, tuple)):
+        return (type(arg), tuple(_describe(a) for a in arg))
+    if arg is None or isinstance(arg, (bool, int, float, str, torch.dtype, torch.device)):
+        return (type(arg), arg)
+    return object()
 
 
 _signatures: weakref.WeakKeyDictionary[fx.GraphModule, Hashable] = weakref.WeakKeyDictionary()
