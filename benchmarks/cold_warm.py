@@ -1,11 +1,13 @@
 """Time to ready, cold and warm: each step from a fresh process to serving every capture size.
 
-Three fresh processes in a row, each compiling the example Llama (`LlamaConfig.bench()`, bf16,
+Fresh processes in a row, each compiling the example Llama (`LlamaConfig.bench()`, bf16,
 KV cache written in place, default options, `mark_dynamic_batch(..., hint=512)`):
 
 - `cold`: empty Inductor and Triton caches; at the end it saves `save_compile_cache(FILE)`;
 - `warm-local`: the same caches again (a plain restart on the same machine);
-- `warm-file`: empty caches, `load_compile_cache(FILE)` first (a restart on a fresh machine).
+- `warm-file`: empty caches, `load_compile_cache(FILE)` first (a restart on a fresh machine);
+- `largest`: the same first calls, then only the largest size's keys (mixed and decode),
+  captured on their own calls: the graph memory `capture_all`'s is compared with.
 
 Each prints, in seconds: load of the compile cache, first call of 8 tokens (Dynamo, split,
 Inductor pieces and the whole-graph compile), first call of 1 token (batch 1 is traced apart),
@@ -40,7 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cgcompile  # noqa: E402
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
 
-PHASES = ("cold", "warm-local", "warm-file")
+PHASES = ("cold", "warm-local", "warm-file", "largest")
+LARGEST = 512
+"""The default largest capture size."""
 STEP_SIZES = (1, 8, 32, 128)
 
 
@@ -79,6 +83,8 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
     with torch.no_grad():
         result["first_call_8_s"] = _timed(lambda: call(8, False), cuda)
         result["first_call_1_s"] = _timed(lambda: call(1, True), cuda)
+        if args.phase == "largest":
+            return {**result, **_largest_keys(call, cuda)}
         reserved = torch.cuda.memory_reserved() if cuda else 0
         captured: list[int] = []
         result["capture_all_s"] = _timed(
@@ -94,6 +100,21 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
         result.update(_soak(call, args.soak, cuda))
     if args.save:
         cgcompile.save_compile_cache(args.save)
+    return result
+
+
+def _largest_keys(call: Any, cuda: bool) -> dict[str, Any]:
+    """Graph memory of the largest size's keys alone (mixed and decode, captured lazily on their
+    own calls): what `capture_all`'s memory is compared with."""
+    reserved = torch.cuda.memory_reserved() if cuda else 0
+    for decode in (False, True):
+        for _ in range(3):  # warm-up, capture, replay
+            call(LARGEST, decode)
+    _sync(cuda)
+    graphs = cgcompile.compiled_graphs()
+    result = {"graph_memory_mib": sum(g.report.graph_memory_bytes for g in graphs) / 2**20}
+    if cuda:
+        result["reserved_growth_mib"] = (torch.cuda.memory_reserved() - reserved) / 2**20
     return result
 
 
@@ -143,11 +164,16 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="cgcompile-cold-warm-"))
     saved = work / "bench.cgcache"
     caches = {"cold": work / "a", "warm-local": work / "a", "warm-file": work / "b"}
+    caches["largest"] = work / "a"
     rows = []
     for name in PHASES:
         extra = {"cold": ["--save", str(saved)], "warm-file": ["--load", str(saved)]}
         rows.append(_run(args, name, caches[name], extra.get(name, [])))
         print(_line(rows[-1]), flush=True)
+    cold, largest = rows[0], rows[-1]
+    if "graph_memory_mib" in cold and largest.get("graph_memory_mib"):
+        ratio = cold["graph_memory_mib"] / largest["graph_memory_mib"]
+        print(f"capture_all's graph memory / the largest keys' alone = {ratio:.2f}", flush=True)
     meta = {
         "date": datetime.date.today().isoformat(),
         "device": torch.cuda.get_device_name() if not args.quick else "cpu",
@@ -177,6 +203,8 @@ def _run(args: argparse.Namespace, name: str, cache: Path, extra: list[str]) -> 
 def _line(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"{row['phase']:10} ERROR {row['error'][-400:]}"
+    if row["phase"] == "largest":
+        return f"largest    keys of {LARGEST} tokens alone: {row['graph_memory_mib']:.0f} MiB"
     ready = row["first_call_8_s"] + row["first_call_1_s"] + row["capture_all_s"]
     ready += row.get("load_s", 0.0)
     steps = " ".join(f"{n}:{ms:.3f}" for n, ms in row["step_ms"].items())
