@@ -156,3 +156,8 @@ def timed_call(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]
     result = fn()
     sync(device)
     return result, time.perf_counter() - start
+
+
+def take_arguments(*args: Any) -> None:
+    """A Python call taking the arguments Dynamo passes (every parameter and buffer): the toll
+    of the calling convention, paid by any backend."""

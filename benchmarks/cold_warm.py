@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cgcompile  # noqa: E402
+from benchmarks._timing import sync, timed_call  # noqa: E402
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
 
 PHASES = ("cold", "warm-local", "warm-file", "largest")
@@ -48,26 +49,14 @@ LARGEST = 512
 STEP_SIZES = (1, 8, 32, 128)
 
 
-def _sync(cuda: bool) -> None:
-    if cuda:
-        torch.cuda.synchronize()
-
-
-def _timed(fn: Any, cuda: bool) -> float:
-    _sync(cuda)
-    start = time.perf_counter()
-    fn()
-    _sync(cuda)
-    return time.perf_counter() - start
-
-
 def phase(args: argparse.Namespace) -> dict[str, Any]:
     """One fresh process: load (warm-file), first calls, capture_all, step times, soak, save."""
     cuda = not args.quick
-    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
     result: dict[str, Any] = {"phase": args.phase}
     if args.load:
-        result["load_s"] = _timed(lambda: cgcompile.load_compile_cache(args.load), cuda)
+        result["load_s"] = timed_call(lambda: cgcompile.load_compile_cache(args.load), device)[1]
     cfg = LlamaConfig(num_layers=2, cache_len=600) if args.quick else LlamaConfig.bench()
     torch.manual_seed(0)
     model = Llama(cfg).to(device, dtype).eval()
@@ -81,36 +70,36 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
             return compiled(tokens, positions)
 
     with torch.no_grad():
-        result["first_call_8_s"] = _timed(lambda: call(8, False), cuda)
-        result["first_call_1_s"] = _timed(lambda: call(1, True), cuda)
+        result["first_call_8_s"] = timed_call(lambda: call(8, False), device)[1]
+        result["first_call_1_s"] = timed_call(lambda: call(1, True), device)[1]
         if args.phase == "largest":
-            return {**result, **_largest_keys(call, cuda)}
+            return {**result, **_largest_keys(call, device)}
         reserved = torch.cuda.memory_reserved() if cuda else 0
-        captured: list[int] = []
-        result["capture_all_s"] = _timed(
-            lambda: captured.append(cgcompile.capture_all(progress=False)), cuda
+        captured, result["capture_all_s"] = timed_call(
+            lambda: cgcompile.capture_all(progress=False), device
         )
-        result["graphs_captured"] = captured[0]
+        result["graphs_captured"] = captured
         graphs = cgcompile.compiled_graphs()
         result["graph_memory_mib"] = sum(g.report.graph_memory_bytes for g in graphs) / 2**20
         if cuda:
             result["reserved_growth_mib"] = (torch.cuda.memory_reserved() - reserved) / 2**20
         result["reports"] = [g.format_report().splitlines()[2].strip() for g in graphs]
-        result["step_ms"] = {n: _step_ms(call, n, cuda) for n in STEP_SIZES}
-        result.update(_soak(call, args.soak, cuda))
+        result["step_ms"] = {n: _step_ms(call, n, device) for n in STEP_SIZES}
+        result.update(_soak(call, args.soak, device))
     if args.save:
         cgcompile.save_compile_cache(args.save)
     return result
 
 
-def _largest_keys(call: Any, cuda: bool) -> dict[str, Any]:
+def _largest_keys(call: Any, device: torch.device) -> dict[str, Any]:
     """Graph memory of the largest size's keys alone (mixed and decode, captured lazily on their
     own calls): what `capture_all`'s memory is compared with."""
+    cuda = device.type == "cuda"
     reserved = torch.cuda.memory_reserved() if cuda else 0
     for decode in (False, True):
         for _ in range(3):  # warm-up, capture, replay
             call(LARGEST, decode)
-    _sync(cuda)
+    sync(device)
     graphs = cgcompile.compiled_graphs()
     result = {"graph_memory_mib": sum(g.report.graph_memory_bytes for g in graphs) / 2**20}
     if cuda:
@@ -118,13 +107,13 @@ def _largest_keys(call: Any, cuda: bool) -> dict[str, Any]:
     return result
 
 
-def _step_ms(call: Any, n: int, cuda: bool) -> float:
+def _step_ms(call: Any, n: int, device: torch.device) -> float:
     """Median ms of a decode step of n tokens after warm-up (CUDA events on a GPU)."""
     for _ in range(3):
         call(n, True)
     times = []
     for _ in range(20):
-        if cuda:
+        if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             call(n, True)
@@ -132,18 +121,19 @@ def _step_ms(call: Any, n: int, cuda: bool) -> float:
             end.synchronize()
             times.append(start.elapsed_time(end))
         else:
-            times.append(_timed(lambda: call(n, True), cuda) * 1e3)
+            times.append(timed_call(lambda: call(n, True), device)[1] * 1e3)
     return statistics.median(times)
 
 
-def _soak(call: Any, calls: int, cuda: bool) -> dict[str, Any]:
+def _soak(call: Any, calls: int, device: torch.device) -> dict[str, Any]:
     """`calls` calls of random sizes (1-512) and kinds: graphs captured and memory grown."""
     rng = random.Random(0)
     before = cgcompile.counters.num_cudagraph_captured
+    cuda = device.type == "cuda"
     reserved = torch.cuda.memory_reserved() if cuda else 0
     for _ in range(calls):
         call(rng.randint(1, 512), rng.random() < 0.5)
-    _sync(cuda)
+    sync(device)
     grown = (torch.cuda.memory_reserved() - reserved) / 2**20 if cuda else 0.0
     captured = cgcompile.counters.num_cudagraph_captured - before
     return {"soak_calls": calls, "soak_graphs_captured": captured, "soak_memory_grown_mib": grown}

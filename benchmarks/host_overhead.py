@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cgcompile  # noqa: E402
 import cgcompile.backend.pipeline as pipeline  # noqa: E402
+from benchmarks._timing import take_arguments  # noqa: E402
 from cgcompile.forward_context import current_forward_context, set_forward_context  # noqa: E402
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
 
@@ -63,10 +64,6 @@ class NullRuntime:
 
     def borrow(self, tensors: Any) -> None:
         """Holds nothing."""
-
-
-def _take(*args: Any) -> None:
-    """A Python call taking the arguments Dynamo passes: the toll any backend pays."""
 
 
 def per_call_us(fn: Callable[[], Any], calls: int = 2000) -> float:
@@ -184,7 +181,7 @@ def main() -> None:
         tiers = {
             "torch.compile'd model": per_call_us(step),
             "CompiledGraph (no Dynamo)": per_call_us(no_dynamo),
-            "a call taking its arguments": per_call_us(lambda: _take(*outer)),
+            "a call taking its arguments": per_call_us(lambda: take_arguments(*outer)),
             "stitching + wrappers": per_call_us(graphs_only),
             "manual mode": per_call_us(manual),
             "manual mode, no checks": _without_address_checks(graph, manual),

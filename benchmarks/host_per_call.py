@@ -46,6 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._timing import take_arguments  # noqa: E402
 from benchmarks._turns import preparing, timing_turn  # noqa: E402
 from benchmarks._user_peers import make_peer  # noqa: E402
 from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
@@ -164,7 +165,7 @@ def _breakdown(peer: Any, model: Llama, tokens: Any, positions: Any, calls: int)
         call, args = ready[0], seen[-1]
         out["bare_replay_us"] = host_us(call.graph.replay, calls)
         out["copy_us"] = host_us(lambda: _copy(call, args), calls)
-        out["args_us"] = host_us(lambda: _take(*args), calls)
+        out["args_us"] = host_us(lambda: take_arguments(*args), calls)
         if "backend_us" in out:  # what is left is cgcompile's own
             parts = out["bare_replay_us"] + out["copy_us"] + out["args_us"]
             out["own_us"] = out["backend_us"] - parts
@@ -186,11 +187,6 @@ def _breakdown(peer: Any, model: Llama, tokens: Any, positions: Any, calls: int)
 def _copy(call: Any, args: tuple[Any, ...]) -> None:
     """The ready call's fused copy of the caller's tensors, alone."""
     torch._foreach_copy_(call.targets, [args[i] for i in call.sources])
-
-
-def _take(*args: Any) -> None:
-    """A Python call taking Dynamo's arguments (every parameter and buffer): the toll of the
-    calling convention, paid by any backend."""
 
 
 def main() -> None:
