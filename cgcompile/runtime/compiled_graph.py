@@ -294,8 +294,7 @@ def capture_all(progress: bool = True) -> int:
     call's parameters and input layout), else `CGCompileError`; graphs owned by another live
     thread are skipped with a warning. Returns how many CUDA graphs this call recorded: one
     per piece for each PIECEWISE key plus one per FULL key, for each live module instance;
-    keys captured before are not counted, so a second call returns 0. `progress`: a tqdm bar
-    if tqdm is installed.
+    keys captured before are not counted, so a second call returns 0. `progress`: a tqdm bar.
     """
     with bulk_capture.frozen_heap():  # one collection for every graph
         return sum(graph.capture_all(progress) for graph in compiled_graphs())
