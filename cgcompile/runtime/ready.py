@@ -113,7 +113,7 @@ class ReadyCall:
             if rows is None:
                 if padded != n:
                     self.static_inputs.pad(i, view[n:])
-            elif rows.dirty > n:
+            elif rows.dirty != n:  # pad rows an earlier call wrote, or note n data rows
                 rows.written(view, n, padded)
         if self.graph is not None:
             out = self.graph.replay()

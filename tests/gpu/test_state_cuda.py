@@ -13,6 +13,7 @@ from tests.support.models import MODES
 from tests.support.state import (
     LAYOUTS,
     check_mutated_inputs,
+    check_pad_rows_after_steady_calls,
     check_strided_inputs,
     run_against_eager,
 )
@@ -25,6 +26,11 @@ CUDA = {"device": "cuda", "runtime": "cuda"}
 @pytest.mark.parametrize("mode", MODES)
 def test_state_advances_once_per_call_cuda(mode, compiler):
     run_against_eager(mode, compiler, **CUDA)
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
+def test_pad_rows_after_steady_full_size_calls_hold_the_pad_value_cuda(mode):
+    check_pad_rows_after_steady_calls(mode, "inductor", **CUDA)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -44,7 +44,12 @@ def step_inputs(n: int, rng: random.Random, pad_value: int | None = None, device
 
 
 def run_against_eager(
-    mode, compiler="eager", pad_value=CacheStep.SLOTS, device="cpu", runtime="simulated", **options
+    mode,
+    compiler="eager",
+    pad_value=CacheStep.SLOTS,
+    device="cpu",
+    runtime="simulated",
+    **options,
 ):
     """The compiled CacheStep and an eager copy, called on the same batches; asserts outputs,
     the step counter and the live cache slots after every call; returns both models."""
@@ -62,6 +67,26 @@ def run_against_eager(
         assert int(model.steps) == calls  # one eager call's worth of state per call
         torch.testing.assert_close(model.cache[:-1], eager.cache[:-1])
     return model, eager
+
+
+def check_pad_rows_after_steady_calls(mode, compiler="eager", device="cpu", runtime="simulated"):
+    """Calls of 8 rows and of 5 rows padded to 8 until both replay at their steady state
+    (prebuilt), then one of each: the pad rows must hold the trash slot again, not the 8-row
+    call's slots (5..7), which this call's real rows write too (a stale pad row, written after
+    them, would overwrite them)."""
+    torch.manual_seed(0)
+    model = CacheStep().to(device)
+    eager = copy.deepcopy(model)
+    compiled = compile_model(model, mode, compiler, runtime)
+    for n, first in [(8, 0)] * 4 + [(5, 0)] * 4 + [(8, 0), (5, 5)]:
+        x = torch.randn(n, 8, device=device)
+        slot = torch.arange(first, first + n, device=device)
+        cgcompile.mark_dynamic_batch(x)
+        cgcompile.mark_dynamic_batch(slot, pad_value=CacheStep.SLOTS)
+        with torch.no_grad():
+            got = compiled(x, slot).clone()
+            torch.testing.assert_close(got, eager(x, slot))
+        torch.testing.assert_close(model.cache[:-1], eager.cache[:-1])
 
 
 def mutating_step(x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:

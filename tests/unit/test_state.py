@@ -16,6 +16,7 @@ from tests.support.state import (
     SIZES,
     check_capture_all_after_a_mixed_call,
     check_mutated_inputs,
+    check_pad_rows_after_steady_calls,
     check_strided_inputs,
     compile_model,
     mutating_step,
@@ -28,6 +29,11 @@ from tests.support.state import (
 @pytest.mark.parametrize("mode", MODES)
 def test_state_advances_once_per_call(mode, compiler):
     run_against_eager(mode, compiler)
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL", "FULL_AND_PIECEWISE"])
+def test_pad_rows_after_steady_full_size_calls_hold_the_pad_value(mode):
+    check_pad_rows_after_steady_calls(mode)
 
 
 @pytest.mark.parametrize("num_warmups", [0, 2])
@@ -88,8 +94,8 @@ def test_capture_all_keeps_the_strides_of_eager_op_outputs():
 def test_capture_all_collects_garbage_once_and_leaves_a_frozen_heap_frozen(monkeypatch):
     import gc
 
-    compiled = compile_model(columns_model, "FULL", "eager")
-    for n in (4, 1):  # two compiled graphs: batch 1 is traced apart
+    compiled = compile_model(columns_model, "FULL", "eager", batch_one="own")
+    for n in (4, 1):  # two compiled graphs: batch 1 is traced and compiled apart
         x = torch.randn(n, 8)
         cgcompile.mark_dynamic_batch(x)
         compiled(x)
