@@ -144,6 +144,7 @@ _CHOICES = {
     "compiler": ("inductor", "eager"),
     "graph_runtime": ("auto", "cuda", "simulated"),
     "full_graph_compile": ("whole", "pieces"),
+    "batch_one": ("padded", "own"),
 }
 
 
@@ -184,6 +185,12 @@ class CompilationConfig:
     FULL (one more compile at the first call); 'pieces': the piecewise graphs' compiled
     pieces (no extra compile; decode steps a few percent slower). The partition path always
     replays its one whole compile."""
+    batch_one: Literal["padded", "own"] = "padded"
+    """How batches of 1 are served when the batch is backed dynamic (Dynamo traces size 1 as a
+    graph of its own). 'padded' (default): when that graph is the dynamic graph at batch 1
+    (checked node by node), by the dynamic graph's compile and graphs, padded to 2 rows: no
+    second compile, no graphs of its own; 'own': it compiles and captures on its own (kernels
+    specialised to 1 row)."""
     num_warmups: int = 1
     """Eager runs before each capture (allocator, autotuning, lazy init)."""
     graph_runtime: Literal["auto", "cuda", "simulated"] = "auto"

@@ -19,6 +19,9 @@ class Counters:
 
     num_graphs_seen: int = 0
     """Dynamo graphs handed to the backend."""
+    num_graphs_shared: int = 0
+    """Dynamo graphs served by another graph's compile instead of one of their own: a batch-1
+    graph by the dynamic graph, padded to 2 rows (`batch_one="padded"`)."""
     num_piecewise_graphs_seen: int = 0
     """Pieces produced by splitting, splitting-op pieces included."""
     num_piecewise_capturable_graphs_seen: int = 0

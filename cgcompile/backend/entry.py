@@ -16,6 +16,7 @@ from cgcompile.backend.pipeline import compile_graph
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import ConfigError
 from cgcompile.runtime.compiled_graph import CompiledGraph
+from cgcompile.runtime.padded_batch_one import PaddedBatchOne
 
 
 def cudagraph_modes(
@@ -23,7 +24,7 @@ def cudagraph_modes(
     example_inputs: Sequence[Any],
     options: Mapping[str, Any] | None = None,
     mode: str | None = None,
-) -> CompiledGraph:
+) -> CompiledGraph | PaddedBatchOne:
     """Dynamo calls this once per traced graph; `options` is the dict given to torch.compile."""
     if mode is not None:
         raise ConfigError(

@@ -250,7 +250,11 @@ class CompiledGraph:
         counters.num_eager_fallbacks += 1
         self._report.num_eager_fallbacks += 1
         self._fallbacks.warn(kind, n)
-        return (runnable or self.runnable)(*args)
+        if runnable is None:  # code compiled for >= min_batch rows never runs fewer
+            size = self.plan.batch_size(args) if n is None else n
+            small = size is not None and size < self.plan.min_batch
+            runnable = self.traced if small else self.runnable
+        return runnable(*args)
 
     def _drop_instance(self, slot: int) -> None:
         """A module instance was freed: its graphs go too (their pool blocks are reused)."""

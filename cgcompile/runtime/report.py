@@ -70,6 +70,8 @@ class GraphReport:
     static_input_bytes: int = 0
     pad_unsafe: str | None = None
     """Why batches are not padded (sizes between capture sizes run without graphs), if so."""
+    serves_batch_one: bool = False
+    """Whether it also serves Dynamo's batch-1 graph, padded to 2 rows (`batch_one`)."""
 
     def format(self) -> str:
         lines = [
@@ -85,6 +87,8 @@ class GraphReport:
         lines += [f"  downgrade: {r}" for r in self.reasons]
         if self.pad_unsafe:
             lines.append(f"  padding off: {self.pad_unsafe}")
+        if self.serves_batch_one:
+            lines.append("  also serves Dynamo's batch-1 graph, padded to 2 rows (no compile)")
         for mode, keys in self.captured.items():
             lines.append(f"  captured {mode}: {len(keys)} graphs {keys}")
         lines.append(

@@ -434,20 +434,25 @@ def test_batch_hint_must_be_a_positive_int(bad):
         cgcompile.mark_dynamic_batch(torch.randn(2), hint=bad)
 
 
-def test_backed_batch_graph_captures_no_size_it_cannot_run():
-    """Batch 1 has its own graph, so the batch >= 2 graph must not record size-1 graphs."""
+@pytest.mark.parametrize("batch_one", ["padded", "own"])
+def test_backed_batch_graph_captures_no_size_it_cannot_run(batch_one):
+    """Dynamo traces batch 1 apart, so the batch >= 2 graph must not record size-1 graphs:
+    batch 1 replays its size-2 graphs (padded) or has a graph of its own (own)."""
     f = compile_fn(
         silly_model,
         cudagraph_mode="FULL_AND_PIECEWISE",
         compiler="eager",
         cudagraph_capture_sizes=[1, 2, 4],
+        batch_one=batch_one,
     )
     for n in (4, 1):
         x = torch.randn(n)
         cgcompile.mark_dynamic_batch(x)
         f(x)
-    dynamic, single = [g for g in cgcompile.compiled_graphs() if g.report_id >= _first_id]
-    assert (dynamic.report.capture_sizes, single.report.capture_sizes) == ([2, 4], [1])
+    graphs = [g for g in cgcompile.compiled_graphs() if g.report_id >= _first_id]
+    sizes = [g.report.capture_sizes for g in graphs]
+    assert sizes == ([[2, 4]] if batch_one == "padded" else [[2, 4], [1]])
+    dynamic = graphs[0]
     cgcompile.capture_all(progress=False)
     assert all(k[0].num_tokens >= 2 for w in dynamic.wrappers for k in w.captured_keys())
     with counters.expect(num_cudagraph_captured=0):  # every batch finds its graph captured

@@ -1,0 +1,78 @@
+"""One compile for every batch size: Dynamo's batch-1 graph served by the dynamic graph.
+
+A backed dynamic batch gets two Dynamo graphs, one for sizes >= 2 and one for size 1 (Dynamo
+specialises 1). With `batch_one="padded"` (the default), the backend compiles the first and,
+when the second arrives, compares it with each live dynamic graph of the same options
+(`passes.batch_one`); on a match it hands Dynamo a `PaddedBatchOne` instead of compiling:
+batch-1 calls replay the dynamic graph's graphs of 2 rows. The dynamic graph must pad freely
+(`plan.pad_unsafe` is None) and use graphs; otherwise, or on a mismatch, or with
+`batch_one="own"`, the batch-1 graph compiles on its own as any graph does (the log says why).
+
+    served = serve_batch_one(gm, example_inputs, config)   # None: compile gm as usual
+    remember_dynamic(compiled, gm, config)                  # after compiling a dynamic graph
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from torch import fx
+
+from cgcompile.config import CompilationConfig
+from cgcompile.counters import counters
+from cgcompile.passes.batch_one import match_batch_one
+from cgcompile.runtime.compiled_graph import CompiledGraph
+from cgcompile.runtime.inputs import InputPlan
+from cgcompile.runtime.padded_batch_one import PaddedBatchOne
+
+logger = logging.getLogger(__name__)
+
+_dynamic: weakref.WeakKeyDictionary[CompiledGraph, tuple[fx.GraphModule, CompilationConfig]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Live compiled graphs of a backed dynamic batch that can serve batch 1, with their Dynamo
+graph and options."""
+
+
+def remember_dynamic(graph: CompiledGraph, gm: fx.GraphModule, config: CompilationConfig) -> None:
+    """Keep `graph` as a candidate for batch-1 graphs to come, if it can serve them."""
+    plan = graph.plan
+    if plan.batch_exprs and plan.min_batch == 2 and graph.uses_graphs and not plan.pad_unsafe:
+        if graph.dispatcher.max_capture_size >= 2:
+            _dynamic[graph] = (gm, config)
+
+
+def serve_batch_one(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
+) -> PaddedBatchOne | None:
+    """A server for `gm` if it is a batch-1 graph some live dynamic graph computes at batch 1."""
+    if config.batch_one != "padded" or not _dynamic:
+        return None
+    if InputPlan.from_graph(gm, example_inputs).static_batch != 1:
+        return None
+    for graph, (dynamic_gm, dynamic_config) in sorted(
+        _dynamic.items(), key=lambda item: -item[0].report_id
+    ):
+        if dynamic_config != config:
+            continue
+        match = match_batch_one(dynamic_gm, gm, graph.plan.batch_exprs)
+        if match.mismatch is not None:
+            logger.info(
+                "Dynamo's batch-1 graph is not graph %d at batch 1 (%s); it compiles on its own",
+                graph.report_id,
+                match.mismatch,
+            )
+            continue
+        logger.info(
+            "Dynamo's batch-1 graph is graph %d at batch 1: served by it, padded to 2 rows "
+            "(no compile, no graphs of its own)",
+            graph.report_id,
+        )
+        counters.num_graphs_seen += 1
+        counters.num_graphs_shared += 1
+        graph.report.serves_batch_one = True
+        return PaddedBatchOne(graph, match.size_positions, gm.forward)
+    return None

@@ -1,0 +1,68 @@
+"""Dynamo's batch-1 graph served by the dynamic graph's compile, padded to 2 rows.
+
+The backend hands Dynamo a `PaddedBatchOne` for a batch-1 graph that is the dynamic graph at
+batch 1 (`passes.batch_one`). A call inserts the batch size, 1, where the dynamic graph takes it
+as an int and calls the dynamic `CompiledGraph`, whose capture sizes start at 2: the batch is
+padded to 2 rows like any batch between capture sizes and its outputs are sliced back, and a
+call that runs without graphs runs its traced graph, never code compiled for 2 or more rows.
+Only a caller that sets the forward context itself (manual mode, where nothing pads) gets the
+batch-1 graph as traced, run eagerly, with one WARNING.
+
+    served = PaddedBatchOne(dynamic_graph, size_positions=(0, 5), traced=gm.forward)
+    out = served(*dynamo_args)      # = dynamic_graph(1, *args[:5], 1, *args[5:]) for (0, 5)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from cgcompile.counters import counters
+from cgcompile.forward_context import FORWARD_CONTEXT
+from cgcompile.runtime.compiled_graph import CompiledGraph
+
+logger = logging.getLogger(__name__)
+
+
+class PaddedBatchOne:
+    """Calls `graph` (the dynamic graph) with the batch-1 graph's arguments and the size 1."""
+
+    def __init__(
+        self, graph: CompiledGraph, size_positions: tuple[int, ...], traced: Callable[..., Any]
+    ) -> None:
+        self.graph = graph
+        self.__wrapped__ = graph  # what `cgcompile.trusted` binds
+        self.traced = traced
+        self._cuts = tuple(p - k for k, p in enumerate(size_positions))
+        """Where 1 goes, as positions in the batch-1 graph's arguments."""
+        self._warned = False
+
+    def __call__(self, *args: Any) -> Any:
+        if FORWARD_CONTEXT.get() is not None:
+            return self._run_manual(args)
+        cuts = self._cuts
+        if len(cuts) == 1:
+            p = cuts[0]
+            return self.graph(*args[:p], 1, *args[p:])
+        full: list[Any] = []
+        start = 0
+        for p in cuts:
+            full += args[start:p]
+            full.append(1)
+            start = p
+        full += args[start:]
+        return self.graph(*full)
+
+    def _run_manual(self, args: tuple[Any, ...]) -> Any:
+        counters.num_eager_fallbacks += 1
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "graph %d serves Dynamo's batch-1 graph padded to 2 rows, and a caller that "
+                "sets the forward context (manual mode) gets no padding: batch-1 calls run the "
+                "traced graph without CUDA graphs; counted in num_eager_fallbacks, warned once. "
+                "Pass options batch_one='own' to compile batch 1 on its own",
+                self.graph.report_id,
+            )
+        return self.traced(*args)
