@@ -9,11 +9,16 @@ to compare with. Prints microseconds per forward and a cProfile of the forward b
 `Module._call_impl`).
 
     python benchmarks/host_overhead.py [--mode PIECEWISE] [--layers 64] [--skip-module-guards]
+    python benchmarks/host_overhead.py --entries    # 8 tokens with and without a batch-1 entry
+
+`--entries`: us per forward of 8 tokens before and after the model was also called at 1 token
+(Dynamo then keeps a second cache entry, checked first), and of 1 token.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import cProfile
 import pstats
 import statistics
@@ -130,10 +135,14 @@ def main() -> None:
     )
     parser.add_argument("--sort", default="tottime", help="cProfile order, e.g. cumulative")
     parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--entries", action="store_true", help="a batch-1 entry's cost")
     args = parser.parse_args()
     mode = args.mode
     pipeline.make_graph_runtime = lambda kind, device=None: NullRuntime()
     cfg = LlamaConfig(num_layers=args.layers, hidden=64, heads=4, ffn=128, vocab=256, cache_len=64)
+    if args.entries:
+        _entries(cfg, mode)
+        return
     model = Llama(cfg).eval()
     # "simulated" passes the CPU check; the patched factory hands out the no-op runtime instead
     options = {"cudagraph_mode": mode, "compiler": "eager", "graph_runtime": "simulated"}
@@ -202,6 +211,25 @@ def main() -> None:
             step()
         profiler.disable()
     pstats.Stats(profiler).sort_stats(args.sort).print_stats(25)
+
+
+def _entries(cfg: LlamaConfig, mode: str) -> None:
+    """us per forward at 8 tokens, then again once batch 1 has a Dynamo cache entry too."""
+    options = {"cudagraph_mode": mode, "compiler": "eager", "graph_runtime": "simulated"}
+    options["batch_one"] = os.environ.get("BATCH_ONE", "padded")
+    compiled = torch.compile(Llama(cfg).eval(), backend="cudagraph_modes", options=options)
+    calls = {}
+    for n in (8, 1):
+        tokens, positions = make_inputs(cfg, n, "cpu")
+        mark_batch(cfg, tokens, positions)
+        calls[n] = lambda t=tokens, p=positions: compiled(t, p)
+    with torch.no_grad():
+        alone = per_call_us(calls[8])
+        beside = {n: per_call_us(call) for n, call in calls.items()}
+    print(f"{mode}, {cfg.num_layers} layers, us per forward (Dynamo entries checked newest first):")
+    print(f"  8 tokens, one entry               {alone:8.1f}")
+    print(f"  8 tokens, a batch-1 entry first   {beside[8]:8.1f}")
+    print(f"  1 token                           {beside[1]:8.1f}")
 
 
 if __name__ == "__main__":

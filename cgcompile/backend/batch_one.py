@@ -8,7 +8,7 @@ batch-1 calls replay the dynamic graph's graphs of 2 rows. The dynamic graph mus
 (`plan.pad_unsafe` is None) and use graphs; otherwise, or on a mismatch, or with
 `batch_one="own"`, the batch-1 graph compiles on its own as any graph does (the log says why).
 
-    served = serve_batch_one(gm, example_inputs, config)   # None: compile gm as usual
+    served, why_not = serve_batch_one(gm, example_inputs, config)  # None: compile gm
     remember_dynamic(compiled, gm, config)                  # after compiling a dynamic graph
 """
 
@@ -47,12 +47,15 @@ def remember_dynamic(graph: CompiledGraph, gm: fx.GraphModule, config: Compilati
 
 def serve_batch_one(
     gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
-) -> PaddedBatchOne | None:
-    """A server for `gm` if it is a batch-1 graph some live dynamic graph computes at batch 1."""
+) -> tuple[PaddedBatchOne | None, str | None]:
+    """(a server for `gm`, None) if it is a batch-1 graph some live dynamic graph computes at
+    batch 1; else (None, why not) for a batch-1 graph a dynamic graph could have served, or
+    (None, None)."""
     if config.batch_one != "padded" or not _dynamic:
-        return None
+        return None, None
     if InputPlan.from_graph(gm, example_inputs).static_batch != 1:
-        return None
+        return None, None
+    mismatches = []
     for graph, (dynamic_gm, dynamic_config) in sorted(
         _dynamic.items(), key=lambda item: -item[0].report_id
     ):
@@ -60,11 +63,7 @@ def serve_batch_one(
             continue
         match = match_batch_one(dynamic_gm, gm, graph.plan.batch_exprs)
         if match.mismatch is not None:
-            logger.info(
-                "Dynamo's batch-1 graph is not graph %d at batch 1 (%s); it compiles on its own",
-                graph.report_id,
-                match.mismatch,
-            )
+            mismatches.append(f"not graph {graph.report_id} at batch 1: {match.mismatch}")
             continue
         logger.info(
             "Dynamo's batch-1 graph is graph %d at batch 1: served by it, padded to 2 rows "
@@ -74,5 +73,8 @@ def serve_batch_one(
         counters.num_graphs_seen += 1
         counters.num_graphs_shared += 1
         graph.report.serves_batch_one = True
-        return PaddedBatchOne(graph, match.size_positions, gm.forward)
-    return None
+        return PaddedBatchOne(graph, match.size_positions, gm.forward), None
+    why = "; ".join(mismatches) or None
+    if why:
+        logger.info("Dynamo's batch-1 graph compiles on its own: it is %s", why)
+    return None, why

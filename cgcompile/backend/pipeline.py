@@ -67,7 +67,7 @@ _graph_ids = itertools.count()
 def compile_graph(
     gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
 ) -> CompiledGraph | PaddedBatchOne:
-    served = serve_batch_one(gm, example_inputs, config)
+    served, not_shared = serve_batch_one(gm, example_inputs, config)
     if served is not None:
         return served
     start = time.perf_counter()
@@ -123,6 +123,7 @@ def compile_graph(
     report.inductor_cache = (hits, misses)
     note_compiled(graph_id)
     report.pad_unsafe = plan.pad_unsafe
+    report.batch_one_not_shared = not_shared
     _log_resolution(graph_id, resolution, attention, built)
     shapes_only = built.shapes_only
     graph = CompiledGraph(

@@ -23,6 +23,7 @@ from cgcompile.forward_context import FORWARD_CONTEXT
 from cgcompile.runtime.compiled_graph import CompiledGraph
 
 logger = logging.getLogger(__name__)
+_ONE = (1,)
 
 
 class PaddedBatchOne:
@@ -41,18 +42,11 @@ class PaddedBatchOne:
     def __call__(self, *args: Any) -> Any:
         if FORWARD_CONTEXT.get() is not None:
             return self._run_manual(args)
-        cuts = self._cuts
-        if len(cuts) == 1:
-            p = cuts[0]
-            return self.graph(*args[:p], 1, *args[p:])
-        full: list[Any] = []
-        start = 0
-        for p in cuts:
-            full += args[start:p]
-            full.append(1)
+        full, start = (), 0
+        for p in self._cuts:  # one or two cuts: tuple slices, copied at C speed
+            full += args[start:p] + _ONE
             start = p
-        full += args[start:]
-        return self.graph(*full)
+        return self.graph(*full, *args[start:])
 
     def _run_manual(self, args: tuple[Any, ...]) -> Any:
         counters.num_eager_fallbacks += 1

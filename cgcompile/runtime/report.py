@@ -72,6 +72,8 @@ class GraphReport:
     """Why batches are not padded (sizes between capture sizes run without graphs), if so."""
     serves_batch_one: bool = False
     """Whether it also serves Dynamo's batch-1 graph, padded to 2 rows (`batch_one`)."""
+    batch_one_not_shared: str | None = None
+    """A batch-1 graph compiled on its own: why no dynamic graph serves it."""
 
     def format(self) -> str:
         lines = [
@@ -89,6 +91,8 @@ class GraphReport:
             lines.append(f"  padding off: {self.pad_unsafe}")
         if self.serves_batch_one:
             lines.append("  also serves Dynamo's batch-1 graph, padded to 2 rows (no compile)")
+        if self.batch_one_not_shared:
+            lines.append(f"  batch-1 graph compiled on its own: {self.batch_one_not_shared}")
         for mode, keys in self.captured.items():
             lines.append(f"  captured {mode}: {len(keys)} graphs {keys}")
         lines.append(

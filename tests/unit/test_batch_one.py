@@ -164,7 +164,9 @@ def test_mismatched_batch_one_compiles_apart_and_matches_eager(model, caplog):
             cgcompile.mark_dynamic_batch(x)
             torch.testing.assert_close(compiled(x), model(x))
     assert cgcompile.counters.num_graphs_shared == 0
-    assert "it compiles on its own" in caplog.text
+    assert "compiles on its own: it is not graph" in caplog.text
+    own = cgcompile.compiled_graphs()[-1].report
+    assert own.batch_one_not_shared and own.batch_one_not_shared in own.format()
 
 
 def test_a_pad_unsafe_graph_does_not_serve_batch_one():
