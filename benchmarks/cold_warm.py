@@ -7,14 +7,17 @@ KV cache written in place, default options, `mark_dynamic_batch(..., hint=512)`)
 - `warm-local`: the same caches again (a plain restart on the same machine);
 - `warm-file`: empty caches, `load_compile_cache(FILE)` first (a restart on a fresh machine);
 - `largest`: the same first calls, then only the largest size's keys (mixed and decode),
-  captured on their own calls: the graph memory `capture_all`'s is compared with.
+  captured on their own calls: the graph memory `capture_all`'s is compared with; then
+  `capture_all()` of the other keys under cProfile (where its time per graph goes).
 
 Each prints, in seconds: load of the compile cache, first call of 8 tokens (Dynamo, split,
-Inductor pieces and the whole-graph compile), first call of 1 token (batch 1 is traced apart),
-`capture_all()` with its graph count, then graph memory, each graph's report line (compile
-parts, Inductor cache hits and misses), step times at 1, 8, 32 and 128 tokens (decode batches,
-CUDA events, median of 20), and a soak of `--soak` calls of random sizes and kinds after
-`capture_all`: graphs captured and memory grown during it (both should be 0).
+Inductor pieces and the whole-graph compile), first call of 1 token (Dynamo traces batch 1
+apart; the dynamic graph's compile serves it, `batch_one`), `capture_all()` with its graph
+count, then graph memory, each graph's report line (compile parts, Inductor cache hits and
+misses), step times at 1, 8, 32 and 128 tokens (decode batches, CUDA events, median of 20), and
+a soak of `--soak` calls of random sizes and kinds after `capture_all`: graphs captured and
+graph memory grown during it (both should be 0), and the allocator's reserved growth (the
+benchmark's own inputs included).
 
     python benchmarks/cold_warm.py --out DIR [--soak 2000]
     python benchmarks/cold_warm.py --out DIR --quick      # tiny model on CPU, simulated graphs
@@ -23,9 +26,12 @@ CUDA events, median of 20), and a soak of `--soak` calls of random sizes and kin
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
+import io
 import json
 import os
+import pstats
 import random
 import statistics
 import subprocess
@@ -73,14 +79,14 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
         result["first_call_8_s"] = timed_call(lambda: call(8, False), device)[1]
         result["first_call_1_s"] = timed_call(lambda: call(1, True), device)[1]
         if args.phase == "largest":
-            return {**result, **_largest_keys(call, device)}
+            return {**result, **_largest_keys(call, device), **_profiled_capture(device)}
         reserved = torch.cuda.memory_reserved() if cuda else 0
         captured, result["capture_all_s"] = timed_call(
             lambda: cgcompile.capture_all(progress=False), device
         )
         result["graphs_captured"] = captured
         graphs = cgcompile.compiled_graphs()
-        result["graph_memory_mib"] = sum(g.report.graph_memory_bytes for g in graphs) / 2**20
+        result["graph_memory_mib"] = _graph_memory_mib()
         if cuda:
             result["reserved_growth_mib"] = (torch.cuda.memory_reserved() - reserved) / 2**20
         result["reports"] = [g.format_report().splitlines()[2].strip() for g in graphs]
@@ -100,11 +106,22 @@ def _largest_keys(call: Any, device: torch.device) -> dict[str, Any]:
         for _ in range(3):  # warm-up, capture, replay
             call(LARGEST, decode)
     sync(device)
-    graphs = cgcompile.compiled_graphs()
-    result = {"graph_memory_mib": sum(g.report.graph_memory_bytes for g in graphs) / 2**20}
+    result = {"graph_memory_mib": _graph_memory_mib()}
     if cuda:
         result["reserved_growth_mib"] = (torch.cuda.memory_reserved() - reserved) / 2**20
     return result
+
+
+def _profiled_capture(device: torch.device) -> dict[str, Any]:
+    """`capture_all()` of every other key under cProfile: where its time per graph goes."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    captured, seconds = timed_call(lambda: cgcompile.capture_all(progress=False), device)
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    lines = [line for line in text.getvalue().splitlines() if line.strip()][-32:]
+    return {"profiled_capture": {"graphs": captured, "seconds": seconds, "top": lines}}
 
 
 def _step_ms(call: Any, n: int, device: torch.device) -> float:
@@ -131,12 +148,22 @@ def _soak(call: Any, calls: int, device: torch.device) -> dict[str, Any]:
     before = cgcompile.counters.num_cudagraph_captured
     cuda = device.type == "cuda"
     reserved = torch.cuda.memory_reserved() if cuda else 0
+    graph_memory = _graph_memory_mib()
     for _ in range(calls):
         call(rng.randint(1, 512), rng.random() < 0.5)
     sync(device)
     grown = (torch.cuda.memory_reserved() - reserved) / 2**20 if cuda else 0.0
     captured = cgcompile.counters.num_cudagraph_captured - before
-    return {"soak_calls": calls, "soak_graphs_captured": captured, "soak_memory_grown_mib": grown}
+    return {
+        "soak_calls": calls,
+        "soak_graphs_captured": captured,
+        "soak_graph_memory_grown_mib": _graph_memory_mib() - graph_memory,
+        "soak_memory_grown_mib": grown,
+    }
+
+
+def _graph_memory_mib() -> float:
+    return sum(g.report.graph_memory_bytes for g in cgcompile.compiled_graphs()) / 2**20
 
 
 def main() -> None:
@@ -194,7 +221,12 @@ def _line(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"{row['phase']:10} ERROR {row['error'][-400:]}"
     if row["phase"] == "largest":
-        return f"largest    keys of {LARGEST} tokens alone: {row['graph_memory_mib']:.0f} MiB"
+        prof = row["profiled_capture"]
+        return (
+            f"largest    keys of {LARGEST} tokens alone: {row['graph_memory_mib']:.0f} MiB; then "
+            f"capture_all of the rest under cProfile: {prof['graphs']} graphs in "
+            f"{prof['seconds']:.1f}s\n    " + "\n    ".join(prof["top"])
+        )
     ready = row["first_call_8_s"] + row["first_call_1_s"] + row["capture_all_s"]
     ready += row.get("load_s", 0.0)
     steps = " ".join(f"{n}:{ms:.3f}" for n, ms in row["step_ms"].items())
@@ -203,7 +235,9 @@ def _line(row: dict[str, Any]) -> str:
         f"{row['first_call_8_s']:.1f}, first 1 {row['first_call_1_s']:.1f}, capture_all "
         f"{row['capture_all_s']:.1f} for {row['graphs_captured']} graphs), graph memory "
         f"{row['graph_memory_mib']:.0f} MiB, step ms {steps}, soak {row['soak_calls']} calls: "
-        f"{row['soak_graphs_captured']} graphs, {row['soak_memory_grown_mib']:.0f} MiB; "
+        f"{row['soak_graphs_captured']} graphs, graph memory "
+        f"+{row['soak_graph_memory_grown_mib']:.0f} MiB, reserved "
+        f"+{row['soak_memory_grown_mib']:.0f} MiB; "
         f"process {row['process_s']:.1f}s\n    " + "\n    ".join(row["reports"])
     )
 

@@ -18,8 +18,8 @@ to compare with. Prints microseconds per forward and a cProfile of the forward b
 from __future__ import annotations
 
 import argparse
-import os
 import cProfile
+import os
 import pstats
 import statistics
 import sys
