@@ -90,6 +90,7 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
         if cuda:
             result["reserved_growth_mib"] = (torch.cuda.memory_reserved() - reserved) / 2**20
         result["reports"] = [g.format_report().splitlines()[2].strip() for g in graphs]
+        result["compile_phases"] = _compile_phases()
         result["step_ms"] = {n: _step_ms(call, n, device) for n in STEP_SIZES}
         result.update(_soak(call, args.soak, device))
     if args.save:
@@ -160,6 +161,14 @@ def _soak(call: Any, calls: int, device: torch.device) -> dict[str, Any]:
         "soak_graph_memory_grown_mib": _graph_memory_mib() - graph_memory,
         "soak_memory_grown_mib": grown,
     }
+
+
+def _compile_phases(least_s: float = 0.2) -> list[str]:
+    """torch's own seconds per compile phase (Dynamo, AOT, Inductor's lowering, codegen,
+    kernel builds) of this process, those of `least_s` or more."""
+    text = torch._dynamo.utils.compile_times(repr="str", aggregate=True)
+    rows = [line.rsplit(", ", 1) for line in text.splitlines()[2:] if ", " in line]
+    return [f"{name} {float(s):.2f}" for name, s in rows if float(s) >= least_s]
 
 
 def _graph_memory_mib() -> float:
@@ -238,7 +247,10 @@ def _line(row: dict[str, Any]) -> str:
         f"{row['soak_graphs_captured']} graphs, graph memory "
         f"+{row['soak_graph_memory_grown_mib']:.0f} MiB, reserved "
         f"+{row['soak_memory_grown_mib']:.0f} MiB; "
-        f"process {row['process_s']:.1f}s\n    " + "\n    ".join(row["reports"])
+        f"process {row['process_s']:.1f}s\n    "
+        + "\n    ".join(row["reports"])
+        + "\n    torch's compile phases (s): "
+        + ", ".join(row["compile_phases"])
     )
 
 

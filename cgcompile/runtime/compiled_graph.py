@@ -50,7 +50,7 @@ from cgcompile.forward_context import (
 from cgcompile.runtime import bulk_capture
 from cgcompile.runtime.fallbacks import FallbackLog
 from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.instances import InstanceSlots
+from cgcompile.runtime.instances import InstanceSlots, weak_method
 from cgcompile.runtime.outputs import Outputs
 from cgcompile.runtime.ownership import ThreadOwner
 from cgcompile.runtime.ready import ReadyCall, ready_call
@@ -101,7 +101,10 @@ class CompiledGraph:
         self.uses_graphs = dispatcher.cudagraph_mode != NONE
         self.owner = ThreadOwner()
         self.instances = InstanceSlots(
-            plan.static_tensors, plan.in_place, _weak(self._drop_instance), _weak(self._borrow)
+            plan.static_tensors,
+            plan.in_place,
+            weak_method(self._drop_instance),
+            weak_method(self._borrow),
         )
         self._fallbacks = FallbackLog(report.graph_id, plan, dispatcher, self.owner)
         self._variants = SizeVariants(
@@ -276,19 +279,6 @@ class CompiledGraph:
     def format_report(self) -> str:
         """`report` as text: pieces, mode and why, captured keys, times, memory, fallbacks."""
         return self.report.format()
-
-
-def _weak(method: Callable[..., None]) -> Callable[..., None]:
-    """`method` without a strong reference to its object: a compiled graph must be freed as
-    soon as Dynamo drops it, not when the collector finds a cycle."""
-    ref = weakref.WeakMethod(method)
-
-    def call(*args: Any) -> None:
-        bound = ref()
-        if bound is not None:
-            bound(*args)
-
-    return call
 
 
 def capture_all(progress: bool = True) -> int:

@@ -218,3 +218,17 @@ class InstanceSlots:
             for pair in [p for p, s in self._by_reps.items() if s == slot]:
                 del self._by_reps[pair]
             self._on_drop(slot)
+
+
+def weak_method(method: Callable[..., None]) -> Callable[..., None]:
+    """`method` without a strong reference to its object (a callback `InstanceSlots` holds): a
+    compiled graph must be freed as soon as Dynamo drops it, not when the collector finds a
+    cycle."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
