@@ -9,14 +9,16 @@ is first checked against eager's, as in the decode benchmark. It reports each
 peer's median ms per step and, per round, the ratio of each peer to the first one: the median of
 those ratios is the figure to read.
 
-A peer is `MODE` (the FX split), `MODE/partition` (`use_inductor_graph_partition=True`) or
+A peer is `MODE` (the FX split), `MODE/partition` (`use_inductor_graph_partition=True`),
 `MODE/pieces` (the FX split with `full_graph_compile='pieces'`: FULL_AND_PIECEWISE's full graphs
-replay the split's pieces instead of a whole-graph compile), with
+replay the split's pieces instead of a whole-graph compile) or `MODE/own` (`batch_one='own'`:
+batch 1 compiled and captured on its own, where `MODE` replays the dynamic graph padded to 2), with
 Inductor pieces and the batch marked with `hint=` the largest capture size, as the decode
 benchmark's `cg/MODE/inductor/hint` and `cg/MODE/partition` peers.
 
     python benchmarks/interleaved.py --out DIR        # FULL against FULL_AND_PIECEWISE, each path
     python benchmarks/interleaved.py --out DIR --peers PIECEWISE PIECEWISE/partition --mixed
+    python benchmarks/interleaved.py --out DIR --peers FULL_AND_PIECEWISE FULL_AND_PIECEWISE/own
     python benchmarks/interleaved.py --out DIR --quick    # tiny model, CPU smoke test
 """
 
@@ -51,9 +53,10 @@ MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 def peer_options(spec: str, max_capture_size: int) -> dict[str, Any]:
     mode, _, path = spec.partition("/")
-    if mode not in MODES or path not in ("", "partition", "pieces"):
+    if mode not in MODES or path not in ("", "partition", "pieces", "own"):
         raise SystemExit(
-            f"peer {spec!r}: expected MODE, MODE/partition or MODE/pieces, MODE one of {MODES}"
+            f"peer {spec!r}: expected MODE, MODE/partition, MODE/pieces or MODE/own, MODE one of "
+            f"{MODES}"
         )
     return {
         "cudagraph_mode": mode,
@@ -61,6 +64,7 @@ def peer_options(spec: str, max_capture_size: int) -> dict[str, Any]:
         "max_cudagraph_capture_size": max_capture_size,
         "use_inductor_graph_partition": path == "partition",
         "full_graph_compile": "pieces" if path == "pieces" else "whole",
+        "batch_one": "own" if path == "own" else "padded",
     }
 
 

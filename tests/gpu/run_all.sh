@@ -98,6 +98,12 @@ run paths paths.log python benchmarks/profile_step.py --modes PIECEWISE --paths 
 run interleaved interleaved.log python benchmarks/interleaved.py --out "$out"
 run interleaved interleaved-mixed.log python benchmarks/interleaved.py --out "$out" --mixed \
   --peers PIECEWISE PIECEWISE/partition
+# not in the default stages: batch 1 padded into the dynamic graph against its own compile,
+# decode steps timed in turns in one process (STAGES=batchone), and the 4-layer decode loop
+# alone (STAGES=loop4: about 2 minutes)
+run batchone interleaved-batch-one.log python benchmarks/interleaved.py --out "$out/batch-one" \
+  --peers FULL_AND_PIECEWISE FULL_AND_PIECEWISE/own
+run loop4 decode-loop-4x512.log python benchmarks/decode_loop.py --out "$out" --models 4x512
 # not in the default stages: time to ready from fresh processes, cold, warm on the same
 # caches, warm from a saved compile cache (STAGES=coldwarm)
 run coldwarm cold-warm.log python benchmarks/cold_warm.py --out "$out"
