@@ -119,9 +119,11 @@ def _profiled_capture(device: torch.device) -> dict[str, Any]:
     profiler.enable()
     captured, seconds = timed_call(lambda: cgcompile.capture_all(progress=False), device)
     profiler.disable()
-    text = io.StringIO()
+    text, callers = io.StringIO(), io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    pstats.Stats(profiler, stream=callers).sort_stats("tottime").print_callers(3)
     lines = [line for line in text.getvalue().splitlines() if line.strip()][-32:]
+    lines += [line for line in callers.getvalue().splitlines() if line.strip()][-30:]
     return {"profiled_capture": {"graphs": captured, "seconds": seconds, "top": lines}}
 
 

@@ -106,7 +106,7 @@ class CUDAGraphRuntime:
             # `use_count > 0` assert, so a pool with no live graph is replaced by a fresh one
             self.pools[instance] = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        reserved_before = torch.cuda.memory_reserved(self.device)
+        reserved_before = _reserved_bytes(self.device)
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
@@ -114,7 +114,7 @@ class CUDAGraphRuntime:
         finally:
             if gc_was_enabled:
                 gc.enable()
-        grown = torch.cuda.memory_reserved(self.device) - reserved_before
+        grown = _reserved_bytes(self.device) - reserved_before
         self._reserved_bytes += max(grown, 0)
         captured = CapturedCUDAGraph(graph, weak_ref_tensors(output))
         self._live_graphs[instance] = self._live_graphs.get(instance, 0) + 1
@@ -212,3 +212,10 @@ def _capture_failure(fn: Callable[..., Any], exc: BaseException) -> str:
         f"synchronize (.item(), .cpu(), data-dependent shapes) or allocate pinned memory cannot "
         f"be captured"
     )
+
+
+def _reserved_bytes(device: torch.device) -> int:
+    """`torch.cuda.memory_reserved(device)` without flattening every allocator statistic into
+    a new dict (0.4 ms a call on the H200, twice per capture)."""
+    stats = torch.cuda.memory_stats_as_nested_dict(device)
+    return stats.get("reserved_bytes", {}).get("all", {}).get("current", 0)
