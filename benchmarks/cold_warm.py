@@ -20,6 +20,7 @@ graph memory grown during it (both should be 0), and the allocator's reserved gr
 benchmark's own inputs included).
 
     python benchmarks/cold_warm.py --out DIR [--soak 2000]
+    python benchmarks/cold_warm.py --out DIR --phases cold --no-cudnn-sdp   # one phase, no cuDNN
     python benchmarks/cold_warm.py --out DIR --quick      # tiny model on CPU, simulated graphs
 """
 
@@ -61,6 +62,8 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     result: dict[str, Any] = {"phase": args.phase}
+    if args.no_cudnn_sdp:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if args.load:
         result["load_s"] = timed_call(lambda: cgcompile.load_compile_cache(args.load), device)[1]
     cfg = LlamaConfig(num_layers=2, cache_len=600) if args.quick else LlamaConfig.bench()
@@ -182,6 +185,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--quick", action="store_true", help="tiny model on CPU")
     parser.add_argument("--soak", type=int, default=2000)
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    parser.add_argument(
+        "--no-cudnn-sdp", action="store_true", help="torch.backends.cuda.enable_cudnn_sdp(False)"
+    )
     parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--save", help=argparse.SUPPRESS)
@@ -194,12 +201,16 @@ def main() -> None:
     caches = {"cold": work / "a", "warm-local": work / "a", "warm-file": work / "b"}
     caches["largest"] = work / "a"
     rows = []
-    for name in PHASES:
+    for name in args.phases:
         extra = {"cold": ["--save", str(saved)], "warm-file": ["--load", str(saved)]}
         rows.append(_run(args, name, caches[name], extra.get(name, [])))
         print(_line(rows[-1]), flush=True)
     cold, largest = rows[0], rows[-1]
-    if "graph_memory_mib" in cold and largest.get("graph_memory_mib"):
+    if (
+        cold["phase"] == "cold"
+        and largest["phase"] == "largest"
+        and largest.get("graph_memory_mib")
+    ):
         ratio = cold["graph_memory_mib"] / largest["graph_memory_mib"]
         print(f"capture_all's graph memory / the largest keys' alone = {ratio:.2f}", flush=True)
     meta = {
@@ -208,9 +219,11 @@ def main() -> None:
         "torch": torch.__version__,
         "commit": os.environ.get("CGCOMPILE_COMMIT", "unknown"),
         "what": "seconds from a fresh process to every capture size captured, cold and warm",
+        "cudnn_sdp": not args.no_cudnn_sdp,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cold-warm.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    name = "cold-warm-no-cudnn-sdp.json" if args.no_cudnn_sdp else "cold-warm.json"
+    (args.out / name).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
 def _run(args: argparse.Namespace, name: str, cache: Path, extra: list[str]) -> dict[str, Any]:
@@ -219,6 +232,7 @@ def _run(args: argparse.Namespace, name: str, cache: Path, extra: list[str]) -> 
     env["TRITON_CACHE_DIR"] = str(cache / "triton")
     cmd = [sys.executable, __file__, "--phase", name, "--soak", str(args.soak), *extra]
     cmd += ["--quick"] if args.quick else []
+    cmd += ["--no-cudnn-sdp"] if args.no_cudnn_sdp else []
     began = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - began

@@ -107,6 +107,9 @@ run loop4 decode-loop-4x512.log python benchmarks/decode_loop.py --out "$out" --
 # not in the default stages: time to ready from fresh processes, cold, warm on the same
 # caches, warm from a saved compile cache (STAGES=coldwarm)
 run coldwarm cold-warm.log python benchmarks/cold_warm.py --out "$out"
+# the cold phase again with cuDNN attention off (STAGES=coldwarm-nocudnn): what it costs capture_all
+run coldwarm-nocudnn cold-warm-no-cudnn.log python benchmarks/cold_warm.py --out "$out" \
+  --phases cold --soak 200 --no-cudnn-sdp
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
 
