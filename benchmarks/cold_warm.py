@@ -170,10 +170,11 @@ def _soak(call: Any, calls: int, device: torch.device) -> dict[str, Any]:
 
 def _compile_phases(least_s: float = 0.2) -> list[str]:
     """torch's own seconds per compile phase (Dynamo, AOT, Inductor's lowering, codegen,
-    kernel builds) of this process, those of `least_s` or more."""
-    text = torch._dynamo.utils.compile_times(repr="str", aggregate=True)
-    rows = [line.rsplit(", ", 1) for line in text.splitlines()[2:] if ", " in line]
-    return [f"{name} {float(s):.2f}" for name, s in rows if float(s) >= least_s]
+    kernel builds) of this process, those of `least_s` or more. (The 'csv' form: the 'str'
+    form is a tabulate table where tabulate is installed, a comma list where not.)"""
+    names, values = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
+    rows = zip(names, (float(v) for v in values), strict=True)
+    return [f"{name} {s:.2f}" for name, s in rows if s >= least_s]
 
 
 def _graph_memory_mib() -> float:
