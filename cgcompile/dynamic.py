@@ -1,18 +1,19 @@
-"""Mark the batch (token) dim of inputs dynamic so one compiled graph serves sizes 2..max.
+"""Mark the batch (token) dim of inputs dynamic so one compiled graph serves every size.
 
 By default the batch dim is marked dynamic with a backed size (`mark_dynamic`): Dynamo traces
-batches >= 2 once and batch 1 once more (it specialises size 1), and Inductor compiles each with
-the size's example value as a hint. `unbacked=True` marks it unbacked instead (with one
-`shape_id` shared by the inputs; torch >= 2.11, older torch logs a warning once and marks the
-batch backed), so every size including 1 shares ONE trace, at a cost measured on the H200 (torch
-2.11, bf16 Llama, 16 layers): Inductor's code for an unbacked batch ran 272 kernels per step
-instead of 194, and 13% (8 tokens) to 36% (1024 tokens) more GPU time than the backed or static
-code, which matched each other (docs/BENCHMARKS.md). An unbacked size also has no example value,
-so code that asks `n == 1` while tracing cannot be traced: on torch 2.11 with CUDA, SDPA's cuDNN
-eligibility check does that and Dynamo breaks the graph at every attention call unless that
-kernel is disabled (`torch.backends.cuda.enable_cudnn_sdp(False)`).
+batches >= 2 once and batch 1 once more (it specialises size 1); Inductor compiles the first
+with the size's example value as a hint, and the second is served by that compile, padded to 2
+rows, where the two graphs match (`batch_one`, `backend/batch_one.py`). `unbacked=True` marks it
+unbacked instead (with one `shape_id` shared by the inputs; torch >= 2.11, older torch logs a
+warning once and marks the batch backed), so every size including 1 shares ONE trace, at a cost
+measured on the H200 (torch 2.11, bf16 Llama, 16 layers): Inductor's code for an unbacked batch
+ran 272 kernels per step instead of 194, and 13% (8 tokens) to 36% (1024 tokens) more GPU time
+than the backed or static code, which matched each other (docs/BENCHMARKS.md). An unbacked size
+also has no example value, so code that asks `n == 1` while tracing cannot be traced: on torch
+2.11 with CUDA, SDPA's cuDNN eligibility check does that and Dynamo breaks the graph at every
+attention call unless that kernel is disabled (`torch.backends.cuda.enable_cudnn_sdp(False)`).
 
-    cgcompile.mark_dynamic_batch(tokens, positions)                 # fast kernels, 2 traces
+    cgcompile.mark_dynamic_batch(tokens, positions)                 # 2 traces, 1 compile
     cgcompile.mark_dynamic_batch(tokens, positions, unbacked=True)  # one trace for 1..max
     cgcompile.mark_dynamic_batch(tokens, positions, hint=512)       # kernels tuned for 512
     logits = compiled(tokens, positions)

@@ -181,5 +181,6 @@ def _sizes_only(node: fx.Node) -> bool:
         return False
     if node.target is torch.ops.aten.sym_size.int:
         return True
-    reads = [a for a in node.all_input_nodes if not isinstance(_value(a), _SYM)]
-    return not reads and node.op == "call_function"
+    inputs = node.all_input_nodes  # none at all: a call for its effect (`_set_grad_enabled`)
+    reads = [a for a in inputs if not isinstance(_value(a), _SYM)]
+    return bool(inputs) and not reads and node.op == "call_function"
