@@ -62,8 +62,9 @@ def mark_dynamic_batch(
     `unbacked`: one trace for every size, batch 1 included (torch >= 2.11; older torch warns
     once and marks the batch backed), but Inductor's kernels for an unbacked size are slower
     (13-36% more GPU time on an H200, docs/guide.md); False: batches >= 2 share a trace and
-    batch 1 gets its own. `hint`: the size Inductor tunes the dynamic graph's kernels for; pass
-    your largest capture size (a batch of 1 takes none: it has its own static graph).
+    batch 1 gets a trace of its own (served padded by the first's compile). `hint`: the size
+    Inductor tunes the dynamic graph's kernels for; pass your largest capture size (a batch of
+    1 takes none: its trace is static).
     `pad_value`: what the padded rows of these tensors hold when a batch is padded to a
     capture size (default 0), e.g. the index of a reserved trash slot for a slot mapping, so
     padded rows write their KV-cache entries where no real row reads; it is read when the
