@@ -186,11 +186,9 @@ class CompilationConfig:
     pieces (no extra compile; decode steps a few percent slower). The partition path always
     replays its one whole compile."""
     batch_one: Literal["padded", "own"] = "padded"
-    """How batches of 1 are served when the batch is backed dynamic (Dynamo traces size 1 as a
-    graph of its own). 'padded' (default): when that graph is the dynamic graph at batch 1
-    (checked node by node), by the dynamic graph's compile and graphs, padded to 2 rows: no
-    second compile, no graphs of its own; 'own': it compiles and captures on its own (kernels
-    specialised to 1 row)."""
+    """Batches of 1 of a backed dynamic batch (Dynamo traces size 1 apart). 'padded': where that
+    graph is the dynamic graph at batch 1 (checked node by node), the dynamic graph's compile and
+    graphs serve it, padded to 2 rows; 'own': it compiles and captures on its own."""
     num_warmups: int = 1
     """Eager runs before each capture (allocator, autotuning, lazy init)."""
     graph_runtime: Literal["auto", "cuda", "simulated"] = "auto"

@@ -12,6 +12,7 @@ from typing import Any
 
 from torch import fx
 
+from cgcompile.backend.batch_one import remember_dynamic, serve_batch_one
 from cgcompile.backend.pipeline import compile_graph
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import ConfigError
@@ -31,4 +32,11 @@ def cudagraph_modes(
             f"backend 'cudagraph_modes' takes its settings through options=, got mode={mode!r}; "
             f"e.g. options={{'cudagraph_mode': 'FULL_AND_PIECEWISE'}}"
         )
-    return compile_graph(gm, example_inputs, CompilationConfig.from_options(options))
+    config = CompilationConfig.from_options(options)
+    served, not_shared = serve_batch_one(gm, example_inputs, config)
+    if served is not None:  # Dynamo's batch-1 graph: the dynamic graph's compile serves it
+        return served
+    graph = compile_graph(gm, example_inputs, config)
+    graph.report.batch_one_not_shared = not_shared
+    remember_dynamic(graph, gm, config)
+    return graph

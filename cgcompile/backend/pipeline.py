@@ -29,7 +29,6 @@ import torch
 from torch import fx
 
 from cgcompile.attention import attention_ops, find_attention, is_split_at
-from cgcompile.backend.batch_one import remember_dynamic, serve_batch_one
 from cgcompile.backend.build import BuildRequest, Built
 from cgcompile.backend.compile_cache import inductor_cache_counts, note_compiled
 from cgcompile.backend.fx_split import build_split
@@ -56,7 +55,6 @@ from cgcompile.passes.op_match import OpMatcher, unknown_op_names
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
 from cgcompile.runtime.compiled_graph import CompiledGraph
 from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.padded_batch_one import PaddedBatchOne
 from cgcompile.runtime.report import INDUCTOR_PARTITION, GraphReport, PieceInfo
 from cgcompile.wrappers import CUDAGraphWrapper, make_graph_runtime
 
@@ -66,10 +64,7 @@ _graph_ids = itertools.count()
 
 def compile_graph(
     gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
-) -> CompiledGraph | PaddedBatchOne:
-    served, not_shared = serve_batch_one(gm, example_inputs, config)
-    if served is not None:
-        return served
+) -> CompiledGraph:
     start = time.perf_counter()
     graph_id = next(_graph_ids)
     specs = attention_ops() if config.splitting_ops is None else config.splitting_ops
@@ -123,14 +118,9 @@ def compile_graph(
     report.inductor_cache = (hits, misses)
     note_compiled(graph_id)
     report.pad_unsafe = plan.pad_unsafe
-    report.batch_one_not_shared = not_shared
     _log_resolution(graph_id, resolution, attention, built)
-    shapes_only = built.shapes_only
-    graph = CompiledGraph(
-        runnable, dispatcher, plan, report, wrappers, runtime, shapes_only, gm.forward
-    )
-    remember_dynamic(graph, gm, config)
-    return graph
+    shapes_only, traced = built.shapes_only, gm.forward
+    return CompiledGraph(runnable, dispatcher, plan, report, wrappers, runtime, shapes_only, traced)
 
 
 def _effects(
