@@ -50,6 +50,7 @@ class PaddedBatchOne:
 
     def _run_manual(self, args: tuple[Any, ...]) -> Any:
         counters.num_eager_fallbacks += 1
+        self.graph.report.num_eager_fallbacks += 1  # the report's count, as for its own calls
         if not self._warned:
             self._warned = True
             logger.warning(

@@ -229,17 +229,25 @@ def test_manual_mode_at_batch_one_runs_the_traced_graph_and_warns_once(caplog):
                     out = compiled(tokens, positions)
                 torch.testing.assert_close(out, reference(tokens, positions))
     assert caplog.text.count("manual mode") == 1
+    assert cgcompile.compiled_graphs()[0].report.num_eager_fallbacks == 2
 
 
 def test_trusted_serves_batch_one_through_the_dynamic_graph():
     compiled, model, reference = _llama_pair("FULL")
     fast = cgcompile.trusted(compiled)
+
+    def call(n: int) -> None:
+        tokens, positions = make_inputs(CFG, n, "cpu")
+        mark_batch(CFG, tokens, positions)
+        torch.testing.assert_close(fast(tokens, positions), reference(tokens, positions))
+
     with torch.no_grad():
-        for n in (8, 8, 8, 1, 1, 1, 1, 8):
-            tokens, positions = make_inputs(CFG, n, "cpu")
-            mark_batch(CFG, tokens, positions)
-            torch.testing.assert_close(fast(tokens, positions), reference(tokens, positions))
-    assert fast.calls_through_dynamo < 8
+        for n in (8, 8, 8, 1, 1, 1):  # each size: warm-up, capture, first replay via Dynamo
+            call(n)
+        before = fast.calls_through_dynamo
+        for n in (1, 1, 8, 1):  # then both replay without Dynamo
+            call(n)
+    assert fast.calls_through_dynamo == before and fast.refused is None
 
 
 @settings(max_examples=15, deadline=None)
