@@ -10,8 +10,10 @@ hidden 512 and with 16 layers of hidden 1024 (bf16, KV cache written in place), 
 
 Compiles may run beside other benchmark processes; the timed rounds run in this process's turn
 (`_turns`). With other `--models` than the default the results file is named by the first.
+Each row also gives the host time to issue the peer's call (the GPU idle: the last token was
+read); `--profile` prints each peer's host ops per step (torch.profiler) after its timing.
 
-    python benchmarks/decode_loop.py --out DIR [--models 4x512 16x1024] [--batches 1 8]
+    python benchmarks/decode_loop.py --out DIR [--models 4x512 16x1024] [--batches 1 8] [--profile]
 """
 
 from __future__ import annotations
@@ -58,19 +60,40 @@ def _model(spec: str) -> Llama:
     return Llama(cfg).to("cuda", torch.bfloat16).eval()
 
 
-def loop_us(peer: Peer, cfg: LlamaConfig, n: int, steps: int) -> float:
-    """Per-token microseconds of `steps` greedy steps from fresh inputs."""
+def loop_us(peer: Peer, cfg: LlamaConfig, n: int, steps: int) -> tuple[float, float]:
+    """Per-token microseconds of `steps` greedy steps from fresh inputs, and of them the host
+    time to issue the peer's call (the GPU is idle when it starts: the last token was read)."""
     tokens, positions = make_inputs(cfg, n, "cuda")
     torch.cuda.synchronize()
+    issue = 0.0
     start = time.perf_counter()
     for _ in range(steps):
-        tokens = peer.step(tokens, positions).argmax(-1)
+        called = time.perf_counter()
+        logits = peer.step(tokens, positions)
+        issue += time.perf_counter() - called
+        tokens = logits.argmax(-1)
         positions = (positions + 1) % cfg.cache_len
         int(tokens[0])  # the host waits for the token
-    return (time.perf_counter() - start) / steps * 1e6
+    return (time.perf_counter() - start) / steps * 1e6, issue / steps * 1e6
 
 
-def run(spec: str, batches: list[int], names: list[str], rounds: int, steps: int) -> list[dict]:
+def profile_ops(peer: Peer, cfg: LlamaConfig, n: int, steps: int = 32) -> None:
+    """The ops a peer's steps run on the host (torch.profiler, CPU only): calls per step and
+    self CPU time, to tell apart peers whose loops differ."""
+    from torch.profiler import ProfilerActivity, profile
+
+    loop_us(peer, cfg, n, 4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loop_us(peer, cfg, n, steps)
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]
+    print(f"  {peer.name} batch {n}, per step: calls, self CPU us", flush=True)
+    for e in events:
+        print(f"    {e.key[:60]:60} {e.count / steps:6.1f} {e.self_cpu_time_total / steps:8.1f}")
+
+
+def run(
+    spec: str, batches: list[int], names: list[str], rounds: int, steps: int, profiled: bool
+) -> list[dict]:
     base = _model(spec)
     peers = [make_peer(name, base, sizes=[1, 8]) for name in names]
     del base
@@ -81,23 +104,31 @@ def run(spec: str, batches: list[int], names: list[str], rounds: int, steps: int
             for peer in peers:  # compile, capture, warm up
                 for _ in range(3):
                     loop_us(peer, peer.cfg, n, 4)
-            times: dict[str, list[float]] = {p.name: [] for p in peers}
+            times: dict[str, list[tuple[float, float]]] = {p.name: [] for p in peers}
             with timing_turn():
                 for r in range(rounds):
                     for peer in peers[r % len(peers) :] + peers[: r % len(peers)]:
                         times[peer.name].append(loop_us(peer, peer.cfg, n, steps))
+                if profiled:
+                    for peer in peers:
+                        profile_ops(peer, peer.cfg, n)
             rows += _rows(spec, n, times)
     return rows
 
 
-def _rows(spec: str, n: int, times: dict[str, list[float]]) -> list[dict[str, Any]]:
-    hand = statistics.median(times["hand"])
+def _rows(spec: str, n: int, times: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
+    hand = statistics.median(t for t, _ in times["hand"])
     rows = []
-    for name, values in times.items():
-        us = statistics.median(values)
+    for name, pairs in times.items():
+        values = [t for t, _ in pairs]
+        us, issue = statistics.median(values), statistics.median(i for _, i in pairs)
         row = {"model": spec, "batch": n, "peer": name, "us_per_token": us, "vs_hand": us / hand}
-        rows.append({**row, "spread": [min(values), max(values)]})
-        print(f"{spec:8} batch {n}: {name:30} {us:8.1f} us/token  {us / hand:5.3f}x", flush=True)
+        rows.append({**row, "issue_us": issue, "spread": [min(values), max(values)]})
+        print(
+            f"{spec:8} batch {n}: {name:30} {us:8.1f} us/token  {us / hand:5.3f}x"
+            f"  (host issues the call in {issue:6.1f} us)",
+            flush=True,
+        )
     return rows
 
 
@@ -110,13 +141,14 @@ def main() -> None:
     parser.add_argument("--piecewise", action="store_true", help="add PIECEWISE peers")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--profile", action="store_true", help="each peer's host ops per step")
     args = parser.parse_args()
     rows = []
     for spec in args.models:
         names = list(args.peers)
         if args.piecewise and spec == args.models[-1]:
             names += PIECEWISE_PEERS
-        rows += run(spec, args.batches, names, args.rounds, args.steps)
+        rows += run(spec, args.batches, names, args.rounds, args.steps, args.profile)
         torch._dynamo.reset()
     meta = {
         "date": datetime.date.today().isoformat(),

@@ -114,7 +114,7 @@ class ReadyCall:
                 if padded != n:
                     self.static_inputs.pad(i, view[n:])
             elif rows.dirty != n:  # pad rows an earlier call wrote, or note n data rows
-                rows.written(view, n, padded)
+                rows.written(n)
         if self.graph is not None:
             out = self.graph.replay()
         else:

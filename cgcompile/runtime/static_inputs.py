@@ -33,22 +33,21 @@ from cgcompile.runtime.inputs import InputPlan
 class Rows:
     """The batch rows of one static storage: how many leading ones may hold data."""
 
-    __slots__ = ("dirty", "pad")
+    __slots__ = ("dirty", "pad", "every_row")
 
-    def __init__(self, pad: Any) -> None:
+    def __init__(self, pad: Any, every_row: torch.Tensor) -> None:
         self.dirty = 0
         """Rows from here on hold the pad value (a new storage is filled with it)."""
         self.pad = pad
+        self.every_row = every_row
+        """The storage viewed with all its rows, so stale rows past a view's end are reached."""
 
-    def written(self, view: torch.Tensor, n: int, padded: int) -> None:
-        """Rows 0..n-1 of `view` (`padded` rows) now hold data: pad rows n..padded-1 that may
-        not hold the pad value."""
+    def written(self, n: int) -> None:
+        """Rows 0..n-1 now hold data: every row past them that may not hold the pad value gets
+        it, also rows past the padded view (a steady loop at one size then pads nothing)."""
         if self.dirty > n:
-            view[n : min(self.dirty, padded)].fill_(self.pad)
-            if self.dirty <= padded:
-                self.dirty = n  # rows past `padded` were pad already
-        else:
-            self.dirty = n
+            self.every_row[n : self.dirty].fill_(self.pad)
+        self.dirty = n
 
 
 class StaticInputs:
@@ -69,7 +68,7 @@ class StaticInputs:
             view, rows = self.batch_view(i, args[i], padded)
             copy_into(view[:n] if padded != n else view, args[i])
             if rows is not None:
-                rows.written(view, n, padded)
+                rows.written(n)
             elif padded != n:
                 self.pad(i, view[n:])
             out[i] = view
@@ -136,7 +135,10 @@ class StaticInputs:
         tracked = None
         if rows is not None and i not in self.plan.batch_strided and view.stride(0) != 0:
             storage_key = (i, like.shape[1:], like.dtype, view.untyped_storage().data_ptr())
-            tracked = self._rows.setdefault(storage_key, Rows(self._pads.get(i, 0)))
+            tracked = self._rows.get(storage_key)
+            if tracked is None:  # the storage holds max(rows, max_batch) rows (`_make_view`)
+                every_row = self._make_view(i, like, max(rows, self.max_batch))
+                tracked = self._rows[storage_key] = Rows(self._pads.get(i, 0), every_row)
         self._views[self._view_key(i, like, rows)] = (view, tracked)
         return view, tracked
 

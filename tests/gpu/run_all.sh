@@ -103,7 +103,8 @@ run interleaved interleaved-mixed.log python benchmarks/interleaved.py --out "$o
 # alone (STAGES=loop4: about 2 minutes)
 run batchone interleaved-batch-one.log python benchmarks/interleaved.py --out "$out/batch-one" \
   --peers FULL_AND_PIECEWISE FULL_AND_PIECEWISE/own
-run loop4 decode-loop-4x512.log python benchmarks/decode_loop.py --out "$out" --models 4x512
+run loop4 decode-loop-4x512.log python benchmarks/decode_loop.py --out "$out" --models 4x512 \
+  --profile
 # not in the default stages: time to ready from fresh processes, cold, warm on the same
 # caches, warm from a saved compile cache (STAGES=coldwarm)
 run coldwarm cold-warm.log python benchmarks/cold_warm.py --out "$out"

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import cgcompile
+from cgcompile.runtime import static_inputs
 from cgcompile.runtime.instances import EVENTS
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
 from tests.support.state import compile_model, row_attention
@@ -110,6 +111,40 @@ def test_padded_rows_are_refilled_only_where_a_call_left_data(mode):
             mark_batch(model.cfg, tokens, positions)
             got = compiled(tokens, positions)
             torch.testing.assert_close(got, eager(tokens, positions), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
+def test_a_loop_at_one_size_pads_nothing_after_a_larger_call(mode, monkeypatch):
+    """A decode loop after a prefill: rows the prefill left in the static buffers are padded
+    once, not on every step (before, a batch padded to fewer rows than an earlier call wrote
+    refilled its pad rows on every call), and the outputs still equal eager's."""
+    fills = [0]
+    written, pad = static_inputs.Rows.written, static_inputs.StaticInputs.pad
+
+    def count_written(rows, n):
+        fills[-1] += rows.dirty > n
+        written(rows, n)
+
+    def count_pad(self, i, rows):
+        fills[-1] += 1
+        pad(self, i, rows)
+
+    monkeypatch.setattr(static_inputs.Rows, "written", count_written)
+    monkeypatch.setattr(static_inputs.StaticInputs, "pad", count_pad)
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.tiny()).eval()
+    eager = copy.deepcopy(model)
+    compiled = compile_model(model, mode)
+    with torch.no_grad(), cgcompile.batch_hint(uniform_decode=mode == "FULL"):
+        for n in [8, 8, 3, 3, 3, 3, 3, 3]:  # 3 rows padded to 4
+            tokens, positions = make_inputs(model.cfg, n, "cpu")
+            mark_batch(model.cfg, tokens, positions)
+            torch.testing.assert_close(
+                compiled(tokens, positions), eager(tokens, positions), rtol=1e-4, atol=1e-4
+            )
+            fills.append(0)
+    assert fills[2] == 2  # the first 3-row call pads the rows the 8-row calls left (2 inputs)
+    assert fills[3:8] == [0] * 5  # later calls, the replays of a ready key among them: none
 
 
 class HFLike(nn.Module):
