@@ -12,6 +12,7 @@ Compiles may run beside other benchmark processes; the timed rounds run in this 
 (`_turns`). With other `--models` than the default the results file is named by the first.
 Each row also gives the host time to issue the peer's call (the GPU idle: the last token was
 read); `--profile` prints each peer's host ops per step (torch.profiler) after its timing.
+`--hold` keeps the last step's logits bound during the next call (`logits = model(x)`).
 
     python benchmarks/decode_loop.py --out DIR [--models 4x512 16x1024] [--batches 1 8] [--profile]
 """
@@ -60,14 +61,22 @@ def _model(spec: str) -> Llama:
     return Llama(cfg).to("cuda", torch.bfloat16).eval()
 
 
+HOLD = False
+"""`--hold`: the loop keeps the last step's logits bound during the next call, as
+`logits = model(x)` in a loop does; by default it keeps only their argmax."""
+
+
 def loop_us(peer: Peer, cfg: LlamaConfig, n: int, steps: int) -> tuple[float, float]:
     """Per-token microseconds of `steps` greedy steps from fresh inputs, and of them the host
     time to issue the peer's call (the GPU is idle when it starts: the last token was read)."""
     tokens, positions = make_inputs(cfg, n, "cuda")
     torch.cuda.synchronize()
     issue = 0.0
+    logits = None
     start = time.perf_counter()
     for _ in range(steps):
+        if not HOLD:
+            logits = None
         called = time.perf_counter()
         logits = peer.step(tokens, positions)
         issue += time.perf_counter() - called
@@ -142,7 +151,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--profile", action="store_true", help="each peer's host ops per step")
+    parser.add_argument("--hold", action="store_true", help="keep the last logits bound")
     args = parser.parse_args()
+    global HOLD
+    HOLD = args.hold
     rows = []
     for spec in args.models:
         names = list(args.peers)
@@ -156,13 +168,11 @@ def main() -> None:
         "torch": torch.__version__,
         "commit": os.environ.get("CGCOMPILE_COMMIT", "unknown"),
         "what": "greedy decode loop reading each token on the host, us per token, median",
+        "holds_logits": HOLD,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    name = (
-        "decode-loop.json"
-        if args.models == DEFAULT_MODELS
-        else f"decode-loop-{args.models[0]}.json"
-    )
+    name = "decode-loop" if args.models == DEFAULT_MODELS else f"decode-loop-{args.models[0]}"
+    name += "-hold.json" if HOLD else ".json"
     (args.out / name).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
