@@ -139,6 +139,8 @@ class StaticInputs:
             if tracked is None:  # the storage holds max(rows, max_batch) rows (`_make_view`)
                 every_row = self._make_view(i, like, max(rows, self.max_batch))
                 tracked = self._rows[storage_key] = Rows(self._pads.get(i, 0), every_row)
+            elif rows > tracked.every_row.shape[0]:  # a storage an untracked view made larger
+                tracked.every_row = view
         self._views[self._view_key(i, like, rows)] = (view, tracked)
         return view, tracked
 
