@@ -11,9 +11,7 @@ replay, for one row of bf16 logits over a 32000-token vocabulary.
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,19 +20,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.host_per_call import host_us  # noqa: E402
 from cgcompile.runtime.outputs import Outputs  # noqa: E402
 
 
 def median_us(fn: Callable[[], Any], calls: int = 300) -> float:
-    for _ in range(30):
+    for _ in range(30):  # warm-up
         fn()
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    return host_us(fn, calls)
 
 
 class _Plan:
