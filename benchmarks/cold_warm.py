@@ -8,7 +8,10 @@ KV cache written in place, default options, `mark_dynamic_batch(..., hint=512)`)
 - `warm-file`: empty caches, `load_compile_cache(FILE)` first (a restart on a fresh machine);
 - `largest`: the same first calls, then only the largest size's keys (mixed and decode),
   captured on their own calls: the graph memory `capture_all`'s is compared with; then
-  `capture_all()` of the other keys under cProfile (where its time per graph goes).
+  `capture_all()` of the other keys under cProfile (where its time per graph goes);
+- `aot-cold`, `aot-warm-local`, `aot-warm-file`: `cgcompile.precompile` for 8 tokens and 1
+  token instead of the first calls' compiles: on empty caches (it compiles and saves FILE2),
+  again on the same caches, and on empty caches (both load FILE2: no Dynamo trace).
 
 Each prints, in seconds: load of the compile cache, first call of 8 tokens (Dynamo, split,
 Inductor pieces and the whole-graph compile), first call of 1 token (Dynamo traces batch 1
@@ -51,6 +54,7 @@ from benchmarks._timing import sync, timed_call  # noqa: E402
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
 
 PHASES = ("cold", "warm-local", "warm-file", "largest")
+AOT_PHASES = ("aot-cold", "aot-warm-local", "aot-warm-file")
 LARGEST = 512
 """The default largest capture size."""
 STEP_SIZES = (1, 8, 32, 128)
@@ -70,15 +74,21 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     model = Llama(cfg).to(device, dtype).eval()
     options: dict[str, Any] = {"graph_runtime": "simulated"} if args.quick else {}
-    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    compiled: Any = torch.compile(model, backend="cudagraph_modes", options=options)
 
     def call(n: int, decode: bool) -> Any:
         tokens, positions = make_inputs(cfg, n, device)
-        mark_batch(cfg, tokens, positions, hint=512)
+        if not args.precompile:  # a precompiled model's calls need no marks
+            mark_batch(cfg, tokens, positions, hint=512)
         with cgcompile.batch_hint(uniform_decode=decode):
             return compiled(tokens, positions)
 
     with torch.no_grad():
+        if args.precompile:
+            compiled, result["precompile_s"] = timed_call(
+                lambda: _precompile(model, cfg, device, args.precompile, options), device
+            )
+            result["precompile_loaded"] = compiled.loaded
         result["first_call_8_s"] = timed_call(lambda: call(8, False), device)[1]
         result["first_call_1_s"] = timed_call(lambda: call(1, True), device)[1]
         if args.phase == "largest":
@@ -96,9 +106,22 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
         result["compile_phases"] = _compile_phases()
         result["step_ms"] = {n: _step_ms(call, n, device) for n in STEP_SIZES}
         result.update(_soak(call, args.soak, device))
+        result["dynamo_traces"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     if args.save:
         cgcompile.save_compile_cache(args.save)
     return result
+
+
+def _precompile(
+    model: Any, cfg: LlamaConfig, device: torch.device, path: str, options: dict[str, Any]
+) -> cgcompile.Precompiled:
+    """`cgcompile.precompile` for a mixed batch of 8 tokens (dynamic, hint 512) and 1 token."""
+    examples = []
+    for n in (8, 1):
+        tokens, positions = make_inputs(cfg, n, device)
+        mark_batch(cfg, tokens, positions, hint=512)
+        examples.append((tokens, positions))
+    return cgcompile.precompile(model, examples, path, options)
 
 
 def _largest_keys(call: Any, device: torch.device) -> dict[str, Any]:
@@ -186,13 +209,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--quick", action="store_true", help="tiny model on CPU")
     parser.add_argument("--soak", type=int, default=2000)
-    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    parser.add_argument(
+        "--phases", nargs="+", choices=PHASES + AOT_PHASES, default=list(PHASES + AOT_PHASES)
+    )
     parser.add_argument(
         "--no-cudnn-sdp", action="store_true", help="torch.backends.cuda.enable_cudnn_sdp(False)"
     )
-    parser.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=PHASES + AOT_PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--save", help=argparse.SUPPRESS)
+    parser.add_argument("--precompile", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
         print(json.dumps(phase(args)))
@@ -201,17 +227,17 @@ def main() -> None:
     saved = work / "bench.cgcache"
     caches = {"cold": work / "a", "warm-local": work / "a", "warm-file": work / "b"}
     caches["largest"] = work / "a"
+    caches.update(dict(zip(AOT_PHASES, (work / "c", work / "c", work / "d"), strict=True)))
     rows = []
     for name in args.phases:
         extra = {"cold": ["--save", str(saved)], "warm-file": ["--load", str(saved)]}
+        if name.startswith("aot-"):
+            extra[name] = ["--precompile", str(work / "bench.cgaot")]
         rows.append(_run(args, name, caches[name], extra.get(name, [])))
         print(_line(rows[-1]), flush=True)
-    cold, largest = rows[0], rows[-1]
-    if (
-        cold["phase"] == "cold"
-        and largest["phase"] == "largest"
-        and largest.get("graph_memory_mib")
-    ):
+    by_phase = {row["phase"]: row for row in rows}
+    cold, largest = by_phase.get("cold", {}), by_phase.get("largest", {})
+    if cold.get("graph_memory_mib") and largest.get("graph_memory_mib"):
         ratio = cold["graph_memory_mib"] / largest["graph_memory_mib"]
         print(f"capture_all's graph memory / the largest keys' alone = {ratio:.2f}", flush=True)
     meta = {
@@ -254,7 +280,11 @@ def _line(row: dict[str, Any]) -> str:
             f"{prof['seconds']:.1f}s\n    " + "\n    ".join(prof["top"])
         )
     ready = row["first_call_8_s"] + row["first_call_1_s"] + row["capture_all_s"]
-    ready += row.get("load_s", 0.0)
+    ready += row.get("load_s", 0.0) + row.get("precompile_s", 0.0)
+    if "precompile_s" in row:
+        how = "loaded" if row["precompile_loaded"] else "compiled and saved"
+        first = f"precompile {row['precompile_s']:.1f}s ({how})"
+        row = {**row, "reports": [first, *row["reports"]]}
     steps = " ".join(f"{n}:{ms:.3f}" for n, ms in row["step_ms"].items())
     return (
         f"{row['phase']:10} ready {ready:6.1f}s (load {row.get('load_s', 0):.1f}, first 8 "
@@ -264,7 +294,7 @@ def _line(row: dict[str, Any]) -> str:
         f"{row['soak_graphs_captured']} graphs, graph memory "
         f"+{row['soak_graph_memory_grown_mib']:.0f} MiB, reserved "
         f"+{row['soak_memory_grown_mib']:.0f} MiB; "
-        f"process {row['process_s']:.1f}s\n    "
+        f"Dynamo traces {row['dynamo_traces']}; process {row['process_s']:.1f}s\n    "
         + "\n    ".join(row["reports"])
         + "\n    torch's compile phases (s): "
         + ", ".join(row["compile_phases"])

@@ -7,6 +7,7 @@ compiled = torch.compile(model, backend="cudagraph_modes",
 from cgcompile.attention import register_attention_op
 from cgcompile.backend import cudagraph_modes
 from cgcompile.backend.compile_cache import load_compile_cache, save_compile_cache
+from cgcompile.backend.precompile import Precompiled, precompile
 from cgcompile.config import (
     AttentionCGSupport,
     CompilationConfig,
@@ -45,6 +46,7 @@ __all__ = [
     "CudagraphDispatcher",
     "Downgrade",
     "ForwardContext",
+    "Precompiled",
     "Resolution",
     "Rule",
     "batch_hint",
@@ -56,6 +58,7 @@ __all__ = [
     "is_forward_context_available",
     "load_compile_cache",
     "mark_dynamic_batch",
+    "precompile",
     "register_attention_op",
     "resolve_cudagraph_mode",
     "save_compile_cache",

@@ -53,6 +53,15 @@ SHARED_UNBACKED_BATCH = TorchFeature(
 )
 
 
+AOT_COMPILE = TorchFeature(
+    name="cgcompile.precompile",
+    needs="2.10",
+    available=hasattr(torch.compiler, "load_compiled_function")
+    and hasattr(torch._dynamo.config, "enable_aot_compile"),
+    fallback="it compiles just in time and saves Inductor's compile cache (a restart traces again)",
+)
+
+
 @functools.cache  # once per feature and process: the caller may run on every input
 def warn_missing(feature: TorchFeature) -> None:
     """Log at WARNING, once per feature, that the installed torch lacks `feature`."""

@@ -44,7 +44,7 @@ def _version() -> str:
         return "checkout"
 
 
-def _header() -> dict[str, str]:
+def process_header() -> dict[str, str]:
     """What must match between the saving and the loading process."""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     return {
@@ -67,7 +67,7 @@ def save_compile_cache(path: str | os.PathLike[str]) -> Path:
     payload, info = saved
     target = Path(path)
     temporary = target.with_name(target.name + ".partial")
-    temporary.write_bytes(MAGIC + json.dumps(_header()).encode() + b"\n" + payload)
+    temporary.write_bytes(MAGIC + json.dumps(process_header()).encode() + b"\n" + payload)
     temporary.replace(target)  # a reader never sees half a file
     kinds = {kind: len(keys) for kind, keys in info.artifacts.items() if keys}
     logger.info("compile cache saved to %s: %d bytes, artifacts %s", target, len(payload), kinds)
@@ -99,7 +99,7 @@ def load_compile_cache(path: str | os.PathLike[str]) -> bool:
     if header is None:
         logger.warning("%s is not a cgcompile compile cache: compiling as usual", target)
         return False
-    ours = _header()
+    ours = process_header()
     differ = [f"{k} {header.get(k)!r} (here {v!r})" for k, v in ours.items() if header.get(k) != v]
     if differ:
         logger.warning(

@@ -27,6 +27,10 @@ from torch import fx
 from cgcompile.dynamic import PAD_ATTRIBUTE
 from cgcompile.passes.mutation import Effects
 
+STATIC_ATTRIBUTE = "_cgcompile_static"
+"""Marks a fake example input whose real input was a parameter (a graph rebuilt from a saved
+artifact has no real inputs): its address is static, as a parameter's."""
+
 
 @dataclasses.dataclass(frozen=True)
 class InputPlan:
@@ -222,7 +226,7 @@ def _lower_bound(size: torch.SymInt) -> int:
 
 def _is_static(node: fx.Node, example: Any) -> bool:
     """Parameters, module buffers and `mark_static_address` tensors keep their address."""
-    if isinstance(example, torch.nn.Parameter):
+    if isinstance(example, torch.nn.Parameter) or getattr(example, STATIC_ATTRIBUTE, False):
         return True
     return bool(node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type"))
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,30 +16,14 @@ import torch
 
 import cgcompile
 from cgcompile.backend import compile_cache
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.fresh_process import ROOT, run_fresh
 
 
 def run(cache: Path, *args: str, triton: Path | None = None) -> tuple[dict, str]:
-    """tests/support/cache_run.py in a fresh process whose Inductor cache `cache` holds no
-    compiled graph (FX-graph and AOTAutograd entries removed; the C++ kernels built by earlier
-    processes stay, which only saves the build time); `triton`: its Triton cache."""
-    for entries in ("fxgraph", "aotautograd"):
-        shutil.rmtree(cache / entries, ignore_errors=True)
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    if triton is not None:
-        env["TRITON_CACHE_DIR"] = str(triton)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.support.cache_run", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    """tests/support/cache_run.py in a fresh process on the Inductor cache `cache` (no compiled
+    graph in it) and the Triton cache `triton`."""
+    stdout, stderr = run_fresh("tests.support.cache_run", list(args), cache, triton)
+    return json.loads(stdout.strip().splitlines()[-1]), stderr
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +61,7 @@ def _write(path: Path, header: dict) -> None:
 
 def test_a_cache_saved_with_another_torch_is_refused_with_the_reason(tmp_path, caplog):
     path = tmp_path / "old.cgcache"
-    _write(path, {**compile_cache._header(), "torch": "2.9.0"})
+    _write(path, {**compile_cache.process_header(), "torch": "2.9.0"})
     with caplog.at_level(logging.WARNING, logger="cgcompile.backend.compile_cache"):
         assert cgcompile.load_compile_cache(path) is False
     (record,) = [r for r in caplog.records if r.name == "cgcompile.backend.compile_cache"]

@@ -1,0 +1,333 @@
+"""Warm restart without Dynamo: compile a model ahead of time for example calls, save it, load it.
+
+`precompile(model, examples, path, options)` gives a callable that computes what
+`torch.compile(model, backend="cudagraph_modes", options=options)` computes. When `path` holds
+a file that fits, nothing is traced: the file is loaded. Otherwise every example call is
+compiled ahead of time with torch's AOT compile (torch >= 2.10: Dynamo's bytecode and guards,
+one `SavedGraph` per example) and the file is written, with this process's Inductor artifacts.
+
+Steps of a load:
+1. read the header and compare it with this process: cgcompile, torch and Python versions, the
+   GPU, a digest of the options, the checksums of every source file Dynamo traced; any
+   difference, or a file that fails to load, is logged once at WARNING with the reason, and the
+   model is compiled and saved again (never loaded wrong);
+2. put the saved Inductor artifacts into this process's caches
+   (`torch.compiler.load_cache_artifacts`);
+3. load each compiled function, in the saved order (dynamic-batch examples first, so a batch-1
+   graph finds the dynamic graph that serves it): each rebuilds its graph from the saved Dynamo
+   graph, its Inductor compiles cache lookups.
+
+A call checks the guards of the function that served the last call first, then the others
+(a few us each), and runs the first that fits. A call that fits none (another shape, grad mode
+or dtype than the examples) is compiled just in time by `torch.compile`, with one WARNING.
+Calls need no `mark_dynamic_batch`: it marks the examples only (a marked call whose marks
+Dynamo's guards reject is checked again without them, with one WARNING).
+
+    step = cgcompile.precompile(model, [(tokens8, pos8), (tokens1, pos1)], "llama.cgaot")
+    logits = step(tokens, positions)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import io
+import json
+import logging
+import os
+import pickle
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cgcompile import torch_features
+from cgcompile.backend.compile_cache import (
+    load_compile_cache,
+    process_header,
+    save_compile_cache,
+)
+from cgcompile.backend.saved_graph import saving_backend
+from cgcompile.config import CompilationConfig
+from cgcompile.errors import ConfigError, ConfigTypeError
+from cgcompile.options import TORCH_COMPILE_KEYS
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"cgcompile-precompiled 1\n"
+
+
+class Precompiled:
+    """The model's compiled functions, one per example call, and where they came from."""
+
+    def __init__(
+        self,
+        model: Callable[..., Any],
+        options: dict[str, Any],
+        functions: list[Any],
+        loaded: bool,
+        why_compiled: str | None,
+        seconds: float,
+    ) -> None:
+        self.model = model
+        self.options = options
+        self.functions = functions
+        self.loaded = loaded
+        """Whether the functions came from the file (no Dynamo trace, no Inductor compile)."""
+        self.why_compiled = why_compiled
+        """Why the file was not loaded (None when it was)."""
+        self.seconds = seconds
+        """Time to load, or to compile and save."""
+        self._prefix = (model,) if isinstance(model, torch.nn.Module) else ()
+        self._jit: Callable[..., Any] | None = None
+        self._warned_marks = False
+
+    def __call__(self, *args: Any) -> Any:
+        full = (*self._prefix, *args)
+        functions = self.functions
+        for i, fn in enumerate(functions):
+            if fn.guard_check(*full):
+                if i:  # the next call most likely has the same kind: check this one first
+                    functions.insert(0, functions.pop(i))
+                return fn(*full)
+        return self._call_unfitted(args)
+
+    def _call_unfitted(self, args: tuple[Any, ...]) -> Any:
+        """A call no function's guards accept: retried without `mark_dynamic_batch`'s marks
+        (Dynamo guards on them: a batch-1 example's are dropped when traced), else compiled
+        just in time."""
+        if self._jit is None and any(_is_marked(a) for a in args):
+            unmarked = tuple(a.detach() if _is_marked(a) else a for a in args)  # same storage
+            for fn in self.functions:
+                if fn.guard_check(*self._prefix, *unmarked):
+                    if not self._warned_marks:
+                        self._warned_marks = True
+                        logger.warning(
+                            "a precompiled model's calls need no mark_dynamic_batch (it marks "
+                            "the examples only): marked inputs are checked twice, a few us "
+                            "per call; drop the marks from the calls"
+                        )
+                    return fn(*self._prefix, *unmarked)
+        if self._jit is None:
+            logger.warning(
+                "a call fits none of the %d precompiled functions (its shapes, dtypes or grad "
+                "mode differ from every example's): compiling it just in time with "
+                "torch.compile; add an example like it to precompile() to have it saved",
+                len(self.functions),
+            )
+            self._compile_just_in_time()
+        return self._jit(*args)
+
+    def _compile_just_in_time(self) -> Callable[..., Any]:
+        self._jit = torch.compile(self.model, backend="cudagraph_modes", options=self.options)
+        return self._jit
+
+    def __repr__(self) -> str:
+        how = "loaded" if self.loaded else f"compiled ({self.why_compiled})"
+        return f"Precompiled({len(self.functions)} functions, {how} in {self.seconds:.2f}s)"
+
+
+def precompile(
+    model: Callable[..., Any],
+    examples: Sequence[tuple[Any, ...]],
+    path: str | os.PathLike[str],
+    options: dict[str, Any] | None = None,
+) -> Precompiled:
+    """Load `model`'s compiled functions from `path` if the file fits, else compile one per
+    example call (a tuple of positional arguments, batch dims marked with
+    `mark_dynamic_batch`) and save them there. Call it as you call the model (under
+    `torch.no_grad()` for inference). See the module doc."""
+    options = _check(model, examples, path, options)
+    start = time.perf_counter()
+    target = Path(path)
+    if not torch_features.AOT_COMPILE.available:
+        return _precompile_with_cache(model, examples, target, options, start)
+    functions, why = _load(target, options)
+    if functions is not None:
+        seconds = time.perf_counter() - start
+        logger.info("precompiled %s loaded from %s in %.2fs", _name(model), target, seconds)
+        return Precompiled(model, options, functions, True, None, seconds)
+    functions = _compile_and_save(model, _dynamic_first(examples), target, options)
+    seconds = time.perf_counter() - start
+    logger.info("%s precompiled in %.2fs", _name(model), seconds)
+    return Precompiled(model, options, functions, False, why, seconds)
+
+
+def _is_marked(value: Any) -> bool:
+    return hasattr(value, "_has_dynamo_dim_marking") and not value.requires_grad
+
+
+def _check(model: Any, examples: Any, path: Any, options: dict[str, Any] | None) -> dict[str, Any]:
+    if not callable(model):
+        raise ConfigTypeError(
+            f"precompile takes a module or a function, got {type(model).__name__}"
+        )
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigTypeError(f"precompile: path must be a file path, got {type(path).__name__}")
+    if (
+        not isinstance(examples, Sequence)
+        or not examples
+        or not all(isinstance(e, tuple) for e in examples)
+    ):
+        raise ConfigTypeError(
+            "precompile: examples must be a non-empty list of argument tuples, one per kind of "
+            "call, e.g. [(tokens8, positions8), (tokens1, positions1)]"
+        )
+    options = dict(options or {})
+    given = sorted(set(options) & set(TORCH_COMPILE_KEYS))
+    if given:
+        raise ConfigError(f"precompile takes the backend's options only, not {given}")
+    CompilationConfig.from_options(options)  # bad options raise before any compile
+    return options
+
+
+def _dynamic_first(examples: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Examples with a dynamic batch before the others: a batch-1 graph is then served by the
+    dynamic graph's compile, here and after a load."""
+
+    def is_static(example: tuple[Any, ...]) -> bool:
+        return not any(hasattr(a, "_dynamo_dynamic_indices") for a in example)
+
+    return sorted(examples, key=is_static)
+
+
+def _header(options: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
+    config = repr(CompilationConfig.from_options(options))
+    return {
+        **process_header(),
+        "options": hashlib.sha256(config.encode()).hexdigest()[:16],
+        "sources": sources,
+    }
+
+
+def _source_checksum(module_name: str) -> str | None:
+    try:
+        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+        source = inspect.getsource(module)
+    except (ImportError, OSError, TypeError):
+        return None
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def _differences(saved: dict[str, Any], options: dict[str, Any]) -> list[str]:
+    """How the saving process differs from this one (empty: the file fits)."""
+    ours = _header(options, {})
+    differ = [
+        f"{k} {saved.get(k)!r} (here {v!r})"
+        for k, v in ours.items()
+        if k != "sources" and saved.get(k) != v
+    ]
+    for module, checksum in saved.get("sources", {}).items():
+        if _source_checksum(module) != checksum:
+            differ.append(f"the source of {module} changed")
+    return differ
+
+
+def _load(target: Path, options: dict[str, Any]) -> tuple[list[Any] | None, str]:
+    """(the loaded functions, "") or (None, why not)."""
+    if not target.exists():
+        return None, f"no file at {target}"
+    data = target.read_bytes()
+    header_line, _, payload = data[len(MAGIC) :].partition(b"\n")
+    try:
+        header = json.loads(header_line) if data.startswith(MAGIC) else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        return _refuse(target, "it is not a precompiled cgcompile model")
+    differ = _differences(header, options)
+    if differ:
+        return _refuse(target, "it was saved with " + "; ".join(differ))
+    try:
+        saved = pickle.loads(payload)
+        if saved["cache"] is not None:
+            torch.compiler.load_cache_artifacts(saved["cache"])
+        functions = [_load_function(b) for b in saved["functions"]]
+    except Exception as exc:  # anything torch's loader raises: compile instead, say why
+        logger.debug("loading %s failed", target, exc_info=True)
+        return _refuse(target, f"loading it failed with {type(exc).__name__}: {exc}")
+    return functions, ""
+
+
+def _refuse(target: Path, why: str) -> tuple[None, str]:
+    logger.warning("%s not loaded: %s; compiling the model and saving it again", target, why)
+    return None, why
+
+
+def _load_function(data: bytes) -> Any:
+    fn = torch.compiler.load_compiled_function(io.BytesIO(data))
+    fn.disable_guard_check()  # Precompiled checks the guards before each call
+    return fn
+
+
+def _compile_and_save(
+    model: Callable[..., Any],
+    examples: list[tuple[Any, ...]],
+    target: Path,
+    options: dict[str, Any],
+) -> list[Any]:
+    forward = type(model).forward if isinstance(model, torch.nn.Module) else model
+    prefix = (model,) if isinstance(model, torch.nn.Module) else ()
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        wrapped = torch.compile(forward, backend=saving_backend(options), fullgraph=True)
+    functions = [wrapped.aot_compile(((*prefix, *example), {})) for example in examples]
+    sources = {inspect.getmodule(forward).__name__} if inspect.getmodule(forward) else set()
+    for fn in functions:
+        info = fn.source_info() if hasattr(fn, "source_info") else None
+        sources |= {s.module for s in getattr(info, "inlined_sources", ())}
+    checksums = {m: c for m in sorted(sources) if (c := _source_checksum(m)) is not None}
+    saved_cache = torch.compiler.save_cache_artifacts()
+    payload = pickle.dumps(
+        {
+            "functions": [_serialize(fn) for fn in functions],
+            "cache": saved_cache[0] if saved_cache is not None else None,
+        }
+    )
+    header = json.dumps(_header(options, checksums)).encode()
+    temporary = target.with_name(target.name + ".partial")
+    try:
+        temporary.write_bytes(MAGIC + header + b"\n" + payload)
+        temporary.replace(target)  # a reader never sees half a file
+    except OSError as exc:
+        logger.warning("not saved to %s: %s; the next process compiles again", target, exc)
+    else:
+        logger.info("saved to %s: %d bytes", target, len(payload))
+    for fn in functions:
+        fn.disable_guard_check()
+    return functions
+
+
+def _serialize(fn: Any) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        file = Path(tmp) / "fn"
+        fn.save_compiled_function(str(file))
+        return file.read_bytes()
+
+
+def _precompile_with_cache(
+    model: Callable[..., Any],
+    examples: Sequence[tuple[Any, ...]],
+    target: Path,
+    options: dict[str, Any],
+    start: float,
+) -> Precompiled:
+    """Torch without AOT compile: compile just in time, with the saved compile cache."""
+    torch_features.warn_missing(torch_features.AOT_COMPILE)
+    loaded = target.exists() and load_compile_cache(target)
+    compiled = Precompiled(model, options, [], loaded, None if loaded else "no AOT compile", 0.0)
+    jit = compiled._compile_just_in_time()
+    for example in _dynamic_first(examples):
+        jit(*example)
+    save_compile_cache(target)
+    compiled.seconds = time.perf_counter() - start
+    return compiled
+
+
+def _name(model: Any) -> str:
+    named = type(model) if isinstance(model, torch.nn.Module) else model
+    return getattr(named, "__qualname__", "the model")

@@ -1,0 +1,148 @@
+"""A Dynamo graph compiled by `cudagraph_modes` that torch's AOT compile can save and load.
+
+Under `torch.compile(...).aot_compile(...)` (torch >= 2.10) the backend must return a
+`SerializableCallable`: torch saves Dynamo's bytecode and guards, and asks the backend's object
+for bytes that rebuild it in another process, where no Dynamo trace runs. `saving_backend`
+returns a `SavedGraph`: the compiled graph (a `CompiledGraph` or a `PaddedBatchOne`) plus, taken
+before compiling, the Dynamo graph with its fake example values (`GraphPickler`), the options and
+what the backend reads from the real example inputs beyond their fake values (pad values, a
+batch dim other than 0, which inputs are parameters). Loading rebuilds the fake example inputs
+from those facts and runs the backend again on the same graph: its Inductor compiles are cache
+lookups (the caller loads the saved Inductor artifacts first), and a batch-1 graph finds the
+rebuilt dynamic graph it is served by, as in the saving process, when loaded after it.
+
+    compiled = torch.compile(fn, backend=saving_backend(options), fullgraph=True)
+    with torch._dynamo.config.patch(enable_aot_compile=True): ...   # see backend.precompile
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch._functorch.config
+import torch._inductor.config
+from torch import fx
+from torch._dynamo.aot_compile import SerializableCallable
+from torch._guards import TracingContext, tracing
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._graph_pickler import GraphPickler, Options
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from cgcompile.backend.entry import cudagraph_modes
+from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE, PAD_ATTRIBUTE
+from cgcompile.runtime.inputs import STATIC_ATTRIBUTE
+
+_DROPPED_META = ("source_fn_stack", "nn_module_stack")
+"""Node metadata that holds module objects and classes; nothing in the backend reads it."""
+
+
+_CACHE_KEYED_CONFIG = {
+    torch._functorch.config: (
+        "strict_autograd_cache",
+        "bypass_autograd_cache_key",
+        "bundled_autograd_cache",
+        "force_non_lazy_backward_lowering",
+        "force_autograd_cache",
+    ),
+    torch._inductor.config: ("enable_autograd_for_aot",),
+}
+"""Settings that torch's AOT compile sets around the backend and its loader sets otherwise, and
+that AOTAutograd's cache keys include: the rebuild runs under the saving backend's values, so
+its compiles find the saving process's cache entries."""
+_CONFIGS = {module.__name__: module for module in _CACHE_KEYED_CONFIG}
+
+
+class _Pickler(GraphPickler):
+    """Torch's graph pickler, minus the fake mode a view's base still references (the loader
+    supplies its own)."""
+
+    def reducer_override(self, obj: object) -> Any:
+        if isinstance(obj, FakeTensorMode):
+            return type(None), ()
+        return super().reducer_override(obj)
+
+
+class SavedGraph(SerializableCallable):
+    """A compiled Dynamo graph and the bytes that rebuild it (`state`)."""
+
+    def __init__(self, compiled: Callable[..., Any], state: bytes) -> None:
+        self.compiled = compiled
+        self.state = state
+
+    def __call__(self, *args: Any) -> Any:
+        return self.compiled(*args)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: SavedGraph) -> bytes:
+        return fn.state
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> SavedGraph:
+        state = pickle.loads(data)
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        gm = GraphPickler.loads(state["graph"], fake_mode)
+        examples = _examples(gm, state["facts"])
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(tracing(TracingContext(fake_mode)))
+            for module, values in state["config"].items():
+                stack.enter_context(_CONFIGS[module].patch(values))
+            return cls(cudagraph_modes(gm, examples, state["options"]), data)
+
+
+def saving_backend(
+    options: Mapping[str, Any] | None,
+) -> Callable[[fx.GraphModule, Sequence[Any]], SavedGraph]:
+    """A Dynamo backend that compiles as `cudagraph_modes` with `options` and returns a
+    `SavedGraph`."""
+    options = dict(options or {})
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> SavedGraph:
+        state = _dump(gm, example_inputs, options)  # before compiling: passes annotate gm
+        return SavedGraph(cudagraph_modes(gm, example_inputs, options), state)
+
+    return backend
+
+
+def _dump(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any]) -> bytes:
+    for node in gm.graph.nodes:
+        for key in _DROPPED_META:
+            node.meta.pop(key, None)
+    graph = _Pickler.dumps(gm, Options(ops_filter=None))
+    config = {
+        module.__name__: {key: getattr(module, key) for key in keys if hasattr(module, key)}
+        for module, keys in _CACHE_KEYED_CONFIG.items()
+    }
+    return pickle.dumps(
+        {"graph": graph, "facts": _facts(example_inputs), "options": options, "config": config}
+    )
+
+
+def _facts(example_inputs: Sequence[Any]) -> dict[int, dict[str, Any]]:
+    """Per input index, what the backend reads from a real example input: its pad value, a
+    batch dim other than 0, and whether it is a parameter (its address is static)."""
+    facts: dict[int, dict[str, Any]] = {}
+    for i, value in enumerate(example_inputs):
+        fact = {
+            name: getattr(value, name)
+            for name in (PAD_ATTRIBUTE, BATCH_DIM_ATTRIBUTE)
+            if hasattr(value, name)
+        }
+        if isinstance(value, torch.nn.Parameter):
+            fact[STATIC_ATTRIBUTE] = True
+        if fact:
+            facts[i] = fact
+    return facts
+
+
+def _examples(gm: fx.GraphModule, facts: dict[int, dict[str, Any]]) -> list[Any]:
+    """The placeholders' fake values, carrying the saved facts as the real inputs did."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    examples = [n.meta["example_value"] for n in placeholders]
+    for i, fact in facts.items():
+        for name, value in fact.items():
+            setattr(examples[i], name, value)
+    return examples

@@ -1,0 +1,26 @@
+"""Warm restart without Dynamo on the GPU: a precompiled model saved by one process serves a
+fresh process on empty Inductor and Triton caches with no Dynamo trace, every compile a cache
+hit (Triton kernels from the file), real CUDA graphs captured by `capture_all()`, and eager's
+logits and KV caches."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_precompile import assert_equals_eager, needs_aot, run, write_model
+
+pytestmark = [pytest.mark.cuda, needs_aot]
+
+
+def test_a_precompiled_model_serves_a_fresh_process_on_the_gpu(tmp_path):
+    write_model(tmp_path / "m", 1.0)
+    path = tmp_path / "llama.cgaot"
+    saved = run(path, tmp_path / "m", "--cuda", cache="a")
+    assert saved["loaded"] is False and saved["autograd_cache"][1] > 0
+    assert_equals_eager(saved)
+    loaded = run(path, tmp_path / "m", "--cuda", cache="b")
+    assert loaded["loaded"] is True and loaded["warnings"] == []
+    assert loaded["dynamo_traces_after_calls"] == 0
+    assert loaded["autograd_cache"] == [saved["autograd_cache"][1], 0]
+    assert loaded["captured_by_capture_all"] == saved["captured_by_capture_all"] > 0
+    assert_equals_eager(loaded)

@@ -1,0 +1,165 @@
+"""Warm restart without Dynamo (`cgcompile.precompile`): a process compiles the example Llama
+(KV cache written in place) for a batch of 8 and a batch of 1 and saves it; a fresh process
+loads it with no Dynamo trace and every Inductor compile a cache hit, serves every size with
+eager's logits and caches, and `capture_all()` leaves nothing to capture; a file saved with
+other options or other model code is refused with one warning and compiled again; misuse is
+told apart."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import cgcompile
+from cgcompile import torch_features
+from tests.support.fresh_process import run_fresh
+from tests.support.precompile_run import MODEL_SOURCE
+
+needs_aot = pytest.mark.skipif(
+    not torch_features.AOT_COMPILE.available, reason=torch_features.AOT_COMPILE.why_missing()
+)
+
+
+def write_model(model_dir: Path, scale: float) -> None:
+    model_dir.mkdir(exist_ok=True)
+    (model_dir / "pc_model.py").write_text(MODEL_SOURCE.format(scale=scale))
+
+
+def run(path: Path, model_dir: Path, *args: str, cache: str = "inductor") -> dict:
+    """tests/support/precompile_run.py in a fresh process on empty caches (`cache`, a folder
+    beside `path`, and `cache`-triton): only what the file brings."""
+    inductor, triton = path.parent / cache, path.parent / f"{cache}-triton"
+    argv = [str(path), str(model_dir), *args]
+    stdout, _ = run_fresh("tests.support.precompile_run", argv, inductor, triton)
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def assert_equals_eager(result: dict) -> None:
+    assert result["max_error"] < 1e-5 and result["cache_error"] < 1e-5
+    assert result["captured_by_calls"] == 0  # capture_all() captured every key
+
+
+@needs_aot
+def test_a_fresh_process_loads_the_precompiled_model_without_tracing_or_compiling(tmp_path):
+    write_model(tmp_path / "m", 1.0)
+    path = tmp_path / "llama.cgaot"
+    saved = run(path, tmp_path / "m")
+    assert saved["loaded"] is False and "no file" in saved["why_compiled"]
+    # batch >= 2 and batch 1: two Dynamo traces; the batch-1 graph is served by the first's
+    # compile, whose pieces Inductor compiles (misses)
+    assert saved["dynamo_traces"] == 2 and saved["autograd_cache"][0] == 0
+    assert saved["autograd_cache"][1] > 0
+    assert_equals_eager(saved)
+    loaded = run(path, tmp_path / "m")
+    assert loaded["loaded"] is True and loaded["warnings"] == []
+    assert loaded["dynamo_traces"] == 0 and loaded["dynamo_traces_after_calls"] == 0
+    assert loaded["autograd_cache"] == [saved["autograd_cache"][1], 0]  # every compile a hit
+    assert loaded["backend_compiles"] == saved["backend_compiles"]
+    assert loaded["captured_by_capture_all"] == saved["captured_by_capture_all"] > 0
+    assert_equals_eager(loaded)
+
+
+@needs_aot
+def test_changed_options_or_model_code_are_refused_once_and_compiled_again(tmp_path):
+    model_dir, path = tmp_path / "m", tmp_path / "llama.cgaot"
+    write_model(model_dir, 1.0)
+    eager = ("--compiler", "eager")
+    run(path, model_dir, *eager)
+    other_sizes = run(path, model_dir, *eager, "--sizes", "4", "8")
+    assert other_sizes["loaded"] is False and "options" in other_sizes["why_compiled"]
+    assert other_sizes["dynamo_traces"] == 2
+    assert [w for w in other_sizes["warnings"] if "not loaded" in w] == [
+        f"{path} not loaded: {other_sizes['why_compiled']}; compiling the model and saving it again"
+    ]
+    assert_equals_eager(other_sizes)
+    assert run(path, model_dir, *eager, "--sizes", "4", "8")["loaded"] is True  # saved again
+    write_model(model_dir, 2.0)  # the forward's code changes; the traced graph would not fit
+    changed = run(path, model_dir, *eager, "--sizes", "4", "8")
+    assert changed["loaded"] is False
+    assert "the source of pc_model changed" in changed["why_compiled"]
+    assert len([w for w in changed["warnings"] if "not loaded" in w]) == 1
+    assert_equals_eager(changed)  # eager here runs the new code
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+OPTIONS = {"graph_runtime": "simulated", "compiler": "eager", "cudagraph_capture_sizes": [4]}
+
+
+def precompile_mlp(path: Path) -> tuple[MLP, cgcompile.Precompiled]:
+    torch.manual_seed(0)
+    model = MLP().eval()
+    x = torch.randn(4, 16)
+    cgcompile.mark_dynamic_batch(x)
+    with torch.no_grad():
+        return model, cgcompile.precompile(model, [(x,)], path, OPTIONS)
+
+
+@needs_aot
+def test_a_call_that_fits_no_example_compiles_just_in_time_and_says_so_once(tmp_path, caplog):
+    model, step = precompile_mlp(tmp_path / "mlp.cgaot")
+    x = torch.randn(3, 16, dtype=torch.float64)
+    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
+        outs = [step(x.to(model.fc.weight.dtype)), step(torch.randn(8, 16))]
+        model.double()
+        outs.append(step(x))  # float64: fits no precompiled function
+        outs.append(step(x))
+        assert torch.allclose(outs[-1], model(x))
+    assert caplog.text.count("fits none of the 1 precompiled functions") == 1
+
+
+@needs_aot
+def test_calls_marked_as_for_torch_compile_run_the_precompiled_functions(tmp_path):
+    write_model(tmp_path / "m", 1.0)
+    first = run(tmp_path / "llama.cgaot", tmp_path / "m", "--compiler", "eager", "--marked")
+    again = run(tmp_path / "llama.cgaot", tmp_path / "m", "--compiler", "eager", "--marked")
+    assert again["loaded"] is True and again["dynamo_traces_after_calls"] == 0
+    assert [w for w in again["warnings"] if "need no mark_dynamic_batch" in w]
+    assert not [w for w in again["warnings"] if "fits none" in w]
+    assert_equals_eager(first)
+    assert_equals_eager(again)
+
+
+@needs_aot
+def test_a_file_that_is_not_ours_is_refused_and_replaced(tmp_path, caplog):
+    path = tmp_path / "mlp.cgaot"
+    path.write_bytes(b"something else")
+    with caplog.at_level(logging.WARNING, logger="cgcompile"):
+        _, step = precompile_mlp(path)
+    assert step.loaded is False and "not a precompiled cgcompile model" in step.why_compiled
+    assert caplog.text.count("not loaded") == 1
+    assert precompile_mlp(path)[1].loaded is True
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((MLP(), (torch.randn(2, 16),), "f"), "list of argument tuples"),
+        ((MLP(), [], "f"), "list of argument tuples"),
+        ((MLP(), [(torch.randn(2, 16),)], 3), "file path"),
+        (("model", [(torch.randn(2, 16),)], "f"), "a module or a function"),
+    ],
+    ids=["examples-not-a-list", "no-examples", "path-not-a-path", "model-not-callable"],
+)
+def test_bad_arguments_raise_before_compiling(args, message):
+    with pytest.raises(cgcompile.ConfigTypeError, match=message):
+        cgcompile.precompile(*args)
+
+
+def test_options_are_validated_before_compiling():
+    with pytest.raises(cgcompile.ConfigError, match="cudagraph_mode"):
+        cgcompile.precompile(MLP(), [(torch.randn(2, 16),)], "f", {"cudagraph_mode": "FAST"})
+    with pytest.raises(cgcompile.ConfigError, match="backend's options only"):
+        cgcompile.precompile(MLP(), [(torch.randn(2, 16),)], "f", {"guard_filter_fn": len})
