@@ -16,7 +16,8 @@ so in one process Dynamo never walks another peer's cache entries on a call:
 - `reduce-overhead`: `torch.compile(mode="reduce-overhead")`;
 - `cg/MODE`: `torch.compile(backend="cudagraph_modes")` in that mode (Inductor pieces), called
   bare; FULL_AND_PIECEWISE and FULL_DECODE_ONLY inside `batch_hint(uniform_decode=True)` (the
-  example's flat tokens do not show a decode step); `cg/MODE/trusted` with `cgcompile.trusted`.
+  example's flat tokens do not show a decode step); `cg/MODE/trusted` with `cgcompile.trusted`;
+  `cg/MODE/precompiled` through `cgcompile.precompile` (AOT-compiled, guards checked by it).
 
     peer = make_peer("cg/FULL", model_copy, sizes=[1, 8])
     logits = peer.step(tokens, positions)
@@ -25,15 +26,17 @@ so in one process Dynamo never walks another peer's cache entries on a call:
 from __future__ import annotations
 
 import copy
+import tempfile
 import types
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from benchmarks._hand_graphs import HandPiecewise
-from examples.llama import Llama, mark_batch
+from examples.llama import Llama, make_inputs, mark_batch
 
 StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -207,6 +210,37 @@ def _cgcompile(
     return Peer(f"cg/{mode}" + ("/trusted" if trusted else ""), step, compiled)
 
 
+def _precompiled(
+    model: Llama, mode: str, sizes: Sequence[int], compiler: str, runtime: str
+) -> Peer:
+    """`cgcompile.precompile` for a batch of the largest size (dynamic) and of 1, into a
+    temporary file (compiled in this process); called unmarked, as its calls need no marks."""
+    import cgcompile
+
+    options = {"cudagraph_mode": mode, "cudagraph_capture_sizes": sorted(sizes)}
+    options.update(compiler=compiler, graph_runtime=runtime)
+    # no own_code: an AOT-compiled forward adds no entry to Dynamo's cache of the code, and the
+    # saved guards name the model's class, which must be importable
+    device = next(model.parameters()).device
+    examples = []
+    for n in {max(sizes), 1}:
+        tokens, positions = make_inputs(model.cfg, n, device)
+        mark_batch(model.cfg, tokens, positions, hint=n if n > 1 else None)
+        examples.append((tokens, positions))
+    path = Path(tempfile.mkdtemp(prefix="cgcompile-peer-")) / "model.cgaot"
+    with torch.no_grad():
+        compiled = cgcompile.precompile(model, examples, path, options)
+    hinted = mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
+
+    def step(tokens: torch.Tensor, positions: torch.Tensor) -> Any:
+        if not hinted:
+            return compiled(tokens, positions)
+        with cgcompile.batch_hint(uniform_decode=True):
+            return compiled(tokens, positions)
+
+    return Peer(f"cg/{mode}/precompiled", step, compiled)
+
+
 def make_peer(
     name: str,
     model: Llama,
@@ -226,6 +260,8 @@ def make_peer(
         peer = _tenline(model, name)
     elif name == "reduce-overhead":
         peer = _reduce_overhead(model)
+    elif name.startswith("cg/") and name.endswith("/precompiled"):
+        peer = _precompiled(model, name.split("/")[1], sizes, compiler, graph_runtime)
     elif name.startswith("cg/"):
         parts = name.split("/")
         trusted = parts[-1] == "trusted"

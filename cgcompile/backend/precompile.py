@@ -17,11 +17,10 @@ Steps of a load:
    graph finds the dynamic graph that serves it): each rebuilds its graph from the saved Dynamo
    graph, its Inductor compiles cache lookups.
 
-A call checks the guards of the function that served the last call first, then the others
-(a few us each), and runs the first that fits. A call that fits none (another shape, grad mode
-or dtype than the examples) is compiled just in time by `torch.compile`, with one WARNING.
-Calls need no `mark_dynamic_batch`: it marks the examples only (a marked call whose marks
-Dynamo's guards reject is checked again without them, with one WARNING).
+Calls go through `runtime.precompiled.Precompiled` (guards checked per call, a call that fits
+no example compiled just in time). Calls need no `mark_dynamic_batch`: it marks the examples.
+A model torch cannot AOT-compile (a graph break, a class defined in a function) is compiled
+just in time, with one WARNING, and nothing is saved.
 
     step = cgcompile.precompile(model, [(tokens8, pos8), (tokens1, pos1)], "llama.cgaot")
     logits = step(tokens, positions)
@@ -54,82 +53,13 @@ from cgcompile.backend.compile_cache import (
 )
 from cgcompile.backend.saved_graph import saving_backend
 from cgcompile.config import CompilationConfig
-from cgcompile.errors import ConfigError, ConfigTypeError
+from cgcompile.errors import CGCompileError, ConfigError, ConfigTypeError
 from cgcompile.options import TORCH_COMPILE_KEYS
+from cgcompile.runtime.precompiled import Precompiled
 
 logger = logging.getLogger(__name__)
 
 MAGIC = b"cgcompile-precompiled 1\n"
-
-
-class Precompiled:
-    """The model's compiled functions, one per example call, and where they came from."""
-
-    def __init__(
-        self,
-        model: Callable[..., Any],
-        options: dict[str, Any],
-        functions: list[Any],
-        loaded: bool,
-        why_compiled: str | None,
-        seconds: float,
-    ) -> None:
-        self.model = model
-        self.options = options
-        self.functions = functions
-        self.loaded = loaded
-        """Whether the functions came from the file (no Dynamo trace, no Inductor compile)."""
-        self.why_compiled = why_compiled
-        """Why the file was not loaded (None when it was)."""
-        self.seconds = seconds
-        """Time to load, or to compile and save."""
-        self._prefix = (model,) if isinstance(model, torch.nn.Module) else ()
-        self._jit: Callable[..., Any] | None = None
-        self._warned_marks = False
-
-    def __call__(self, *args: Any) -> Any:
-        full = (*self._prefix, *args)
-        functions = self.functions
-        for i, fn in enumerate(functions):
-            if fn.guard_check(*full):
-                if i:  # the next call most likely has the same kind: check this one first
-                    functions.insert(0, functions.pop(i))
-                return fn(*full)
-        return self._call_unfitted(args)
-
-    def _call_unfitted(self, args: tuple[Any, ...]) -> Any:
-        """A call no function's guards accept: retried without `mark_dynamic_batch`'s marks
-        (Dynamo guards on them: a batch-1 example's are dropped when traced), else compiled
-        just in time."""
-        if self._jit is None and any(_is_marked(a) for a in args):
-            unmarked = tuple(a.detach() if _is_marked(a) else a for a in args)  # same storage
-            for fn in self.functions:
-                if fn.guard_check(*self._prefix, *unmarked):
-                    if not self._warned_marks:
-                        self._warned_marks = True
-                        logger.warning(
-                            "a precompiled model's calls need no mark_dynamic_batch (it marks "
-                            "the examples only): marked inputs are checked twice, a few us "
-                            "per call; drop the marks from the calls"
-                        )
-                    return fn(*self._prefix, *unmarked)
-        if self._jit is None:
-            logger.warning(
-                "a call fits none of the %d precompiled functions (its shapes, dtypes or grad "
-                "mode differ from every example's): compiling it just in time with "
-                "torch.compile; add an example like it to precompile() to have it saved",
-                len(self.functions),
-            )
-            self._compile_just_in_time()
-        return self._jit(*args)
-
-    def _compile_just_in_time(self) -> Callable[..., Any]:
-        self._jit = torch.compile(self.model, backend="cudagraph_modes", options=self.options)
-        return self._jit
-
-    def __repr__(self) -> str:
-        how = "loaded" if self.loaded else f"compiled ({self.why_compiled})"
-        return f"Precompiled({len(self.functions)} functions, {how} in {self.seconds:.2f}s)"
 
 
 def precompile(
@@ -152,14 +82,16 @@ def precompile(
         seconds = time.perf_counter() - start
         logger.info("precompiled %s loaded from %s in %.2fs", _name(model), target, seconds)
         return Precompiled(model, options, functions, True, None, seconds)
-    functions = _compile_and_save(model, _dynamic_first(examples), target, options)
+    try:
+        functions = _compile_and_save(model, _dynamic_first(examples), target, options)
+    except CGCompileError:
+        raise
+    except Exception as exc:  # torch cannot AOT-compile it: a graph break, unsavable guards
+        logger.debug("AOT compile of %s failed", _name(model), exc_info=True)
+        return _cannot_precompile(model, examples, options, start, exc)
     seconds = time.perf_counter() - start
     logger.info("%s precompiled in %.2fs", _name(model), seconds)
     return Precompiled(model, options, functions, False, why, seconds)
-
-
-def _is_marked(value: Any) -> bool:
-    return hasattr(value, "_has_dynamo_dim_marking") and not value.requires_grad
 
 
 def _check(model: Any, examples: Any, path: Any, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -281,6 +213,19 @@ def _compile_and_save(
         info = fn.source_info() if hasattr(fn, "source_info") else None
         sources |= {s.module for s in getattr(info, "inlined_sources", ())}
     checksums = {m: c for m in sorted(sources) if (c := _source_checksum(m)) is not None}
+    try:
+        _save(target, functions, _header(options, checksums))
+    except (OSError, pickle.PicklingError, AttributeError, TypeError, RuntimeError) as exc:
+        # what pickling raises for what it cannot save (a class defined in a function: torch's
+        # guards name the model's class), besides the file system's errors
+        logger.warning("not saved to %s: %s; the next process compiles again", target, exc)
+    for fn in functions:
+        fn.disable_guard_check()
+    return functions
+
+
+def _save(target: Path, functions: list[Any], header: dict[str, Any]) -> None:
+    """Write the functions and this process's Inductor artifacts (replaced whole)."""
     saved_cache = torch.compiler.save_cache_artifacts()
     payload = pickle.dumps(
         {
@@ -288,18 +233,10 @@ def _compile_and_save(
             "cache": saved_cache[0] if saved_cache is not None else None,
         }
     )
-    header = json.dumps(_header(options, checksums)).encode()
     temporary = target.with_name(target.name + ".partial")
-    try:
-        temporary.write_bytes(MAGIC + header + b"\n" + payload)
-        temporary.replace(target)  # a reader never sees half a file
-    except OSError as exc:
-        logger.warning("not saved to %s: %s; the next process compiles again", target, exc)
-    else:
-        logger.info("saved to %s: %d bytes", target, len(payload))
-    for fn in functions:
-        fn.disable_guard_check()
-    return functions
+    temporary.write_bytes(MAGIC + json.dumps(header).encode() + b"\n" + payload)
+    temporary.replace(target)  # a reader never sees half a file
+    logger.info("saved to %s: %d bytes", target, len(payload))
 
 
 def _serialize(fn: Any) -> bytes:
@@ -307,6 +244,28 @@ def _serialize(fn: Any) -> bytes:
         file = Path(tmp) / "fn"
         fn.save_compiled_function(str(file))
         return file.read_bytes()
+
+
+def _cannot_precompile(
+    model: Callable[..., Any],
+    examples: Sequence[tuple[Any, ...]],
+    options: dict[str, Any],
+    start: float,
+    exc: Exception,
+) -> Precompiled:
+    """The model compiled just in time, its examples run once: what torch could not AOT-compile
+    (nothing is saved)."""
+    first_line = (str(exc).splitlines() or [""])[0]
+    why = f"torch's AOT compile failed with {type(exc).__name__}: {first_line}"
+    logger.warning(
+        "%s cannot be precompiled (%s): compiled just in time, not saved", _name(model), why
+    )
+    compiled = Precompiled(model, options, [], False, why, 0.0)
+    jit = compiled._compile_just_in_time()
+    for example in _dynamic_first(examples):
+        jit(*example)
+    compiled.seconds = time.perf_counter() - start
+    return compiled
 
 
 def _precompile_with_cache(

@@ -143,6 +143,23 @@ def test_a_file_that_is_not_ours_is_refused_and_replaced(tmp_path, caplog):
     assert precompile_mlp(path)[1].loaded is True
 
 
+@needs_aot
+def test_a_model_torch_cannot_precompile_still_runs_and_says_why(tmp_path, caplog):
+    class Local(MLP):  # not importable: torch's saved guards name the model's class
+        pass
+
+    torch.manual_seed(0)
+    model, x = Local().eval(), torch.randn(4, 16)
+    cgcompile.mark_dynamic_batch(x)
+    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
+        step = cgcompile.precompile(model, [(x,)], tmp_path / "local.cgaot", OPTIONS)
+        y = torch.randn(4, 16)
+        assert torch.allclose(step(y), model(y))
+    assert caplog.text.count("cannot be precompiled") == 1
+    assert step.loaded is False and "AOT compile failed" in step.why_compiled
+    assert not (tmp_path / "local.cgaot").exists()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

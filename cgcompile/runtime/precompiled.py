@@ -1,0 +1,100 @@
+"""What `cgcompile.precompile` returns: a model's AOT-compiled functions, called in place of
+the model (`backend/precompile.py` builds them).
+
+A call checks the guards of the function that served the last call first, then the others
+(a few us each: torch's `guard_check` binds the arguments in Python), and runs the first that
+fits. A call whose `mark_dynamic_batch` marks the guards reject (torch 2.11 saves a dynamic
+example's marks as absent) is checked again on unmarked aliases of those tensors (same
+storage), with one WARNING. A call that fits none is compiled just in time by `torch.compile`
+with the same options, with one WARNING.
+
+    logits = precompiled(tokens, positions)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class Precompiled:
+    """The model's compiled functions, one per example call, and where they came from."""
+
+    def __init__(
+        self,
+        model: Callable[..., Any],
+        options: dict[str, Any],
+        functions: list[Any],
+        loaded: bool,
+        why_compiled: str | None,
+        seconds: float,
+    ) -> None:
+        self.model = model
+        self.options = options
+        self.functions = functions
+        self.loaded = loaded
+        """Whether the functions came from the file (no Dynamo trace, no Inductor compile)."""
+        self.why_compiled = why_compiled
+        """Why the file was not loaded (None when it was)."""
+        self.seconds = seconds
+        """Time to load, or to compile and save."""
+        self._prefix = (model,) if isinstance(model, torch.nn.Module) else ()
+        self._jit: Callable[..., Any] | None = None
+        self._warned_marks = False
+
+    def __call__(self, *args: Any) -> Any:
+        full = (*self._prefix, *args)
+        functions = self.functions
+        for i, fn in enumerate(functions):
+            if fn.guard_check(*full):
+                if i:  # the next call most likely has the same kind: check this one first
+                    functions.insert(0, functions.pop(i))
+                return fn(*full)
+        return self._call_unfitted(args)
+
+    def _call_unfitted(self, args: tuple[Any, ...]) -> Any:
+        """A call no function's guards accept: retried without `mark_dynamic_batch`'s marks
+        (Dynamo guards on them: a batch-1 example's are dropped when traced), else compiled
+        just in time."""
+        if self._jit is None and any(_is_marked(a) for a in args):
+            unmarked = tuple(a.detach() if _is_marked(a) else a for a in args)  # same storage
+            for fn in self.functions:
+                if fn.guard_check(*self._prefix, *unmarked):
+                    if not self._warned_marks:
+                        self._warned_marks = True
+                        logger.warning(
+                            "a precompiled model's calls need no mark_dynamic_batch (it marks "
+                            "the examples only): marked inputs are checked twice, a few us "
+                            "per call; drop the marks from the calls"
+                        )
+                    return fn(*self._prefix, *unmarked)
+        if self._jit is None:
+            logger.warning(
+                "a call fits none of the %d precompiled functions (its shapes, dtypes or grad "
+                "mode differ from every example's): compiling it just in time with "
+                "torch.compile; add an example like it to precompile() to have it saved",
+                len(self.functions),
+            )
+            self._compile_just_in_time()
+        return self._jit(*args)
+
+    def _compile_just_in_time(self) -> Callable[..., Any]:
+        self._jit = torch.compile(self.model, backend="cudagraph_modes", options=self.options)
+        return self._jit
+
+    def __repr__(self) -> str:
+        how = "loaded" if self.loaded else f"compiled ({self.why_compiled})"
+        return f"Precompiled({len(self.functions)} functions, {how} in {self.seconds:.2f}s)"
+
+
+def _is_marked(value: Any) -> bool:
+    """A tensor that carries Dynamo's dim marks (`mark_dynamic` and kin: attributes named
+    `_dynamo_*` on torch 2.11, plus `_has_dynamo_dim_marking` on newer torch)."""
+    if not isinstance(value, torch.Tensor) or value.requires_grad:
+        return False
+    return any(name.startswith(("_dynamo_", "_has_dynamo_")) for name in vars(value))
