@@ -45,6 +45,12 @@ def remember_dynamic(graph: CompiledGraph, gm: fx.GraphModule, config: Compilati
             _dynamic[graph] = (gm, config)
 
 
+def _tensor_names(plan: InputPlan) -> list[str]:
+    """The graph's input names but the batch sizes': Dynamo's sources (`L['tokens']`) in a
+    just-in-time trace, node names under AOT compile, which `cgcompile.trusted` binds by."""
+    return [n for i, n in enumerate(plan.names) if i not in plan.size_indices]
+
+
 def serve_batch_one(
     gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
 ) -> tuple[PaddedBatchOne | None, str | None]:
@@ -53,14 +59,15 @@ def serve_batch_one(
     (None, None)."""
     if config.batch_one != "padded" or not _dynamic:
         return None, None
-    if InputPlan.from_graph(gm, example_inputs).static_batch != 1:
+    plan = InputPlan.from_graph(gm, example_inputs)
+    if plan.static_batch != 1:
         return None, None
     mismatches = []
     for graph, (dynamic_gm, dynamic_config) in sorted(
         _dynamic.items(), key=lambda item: -item[0].report_id
     ):
-        if dynamic_config != config:
-            continue
+        if dynamic_config != config or _tensor_names(graph.plan) != _tensor_names(plan):
+            continue  # other options, or another trace's sources (AOT against JIT, ...)
         match = match_batch_one(dynamic_gm, gm, graph.plan.batch_exprs)
         if match.mismatch is not None:
             mismatches.append(f"not graph {graph.report_id} at batch 1: {match.mismatch}")

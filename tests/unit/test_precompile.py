@@ -180,3 +180,30 @@ def test_options_are_validated_before_compiling():
         cgcompile.precompile(MLP(), [(torch.randn(2, 16),)], "f", {"cudagraph_mode": "FAST"})
     with pytest.raises(cgcompile.ConfigError, match="backend's options only"):
         cgcompile.precompile(MLP(), [(torch.randn(2, 16),)], "f", {"guard_filter_fn": len})
+
+
+@needs_aot
+def test_a_precompiled_model_beside_a_compiled_copy_keeps_their_graphs_apart(tmp_path, caplog):
+    """Dynamo's batch-1 graph of a just-in-time copy is not served by the precompiled model's
+    dynamic graph (its inputs are named otherwise), so `trusted` binds the copy's own."""
+    from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
+
+    cfg = LlamaConfig(num_layers=1, cache_len=32)
+    torch.manual_seed(0)
+    first, second, eager = (Llama(cfg).eval() for _ in range(3))
+    second.load_state_dict(eager.state_dict())
+    options = {**OPTIONS, "cudagraph_capture_sizes": [1, 8]}
+    examples = [make_inputs(cfg, n, "cpu") for n in (8, 1)]
+    for tokens, positions in examples:
+        mark_batch(cfg, tokens, positions, hint=8 if tokens.shape[0] > 1 else None)
+    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
+        step = cgcompile.precompile(first, examples, tmp_path / "llama.cgaot", options)
+        for n in (1, 8, 1, 8):
+            step(*make_inputs(cfg, n, "cpu"))
+        compiled = torch.compile(second, backend="cudagraph_modes", options=options)
+        fast = cgcompile.trusted(compiled)
+        for n in (1, 8, 1, 8, 1):
+            tokens, positions = make_inputs(cfg, n, "cpu")
+            mark_batch(cfg, tokens, positions, hint=8 if n > 1 else None)
+            assert torch.allclose(fast(tokens, positions), eager(tokens, positions), atol=1e-5)
+    assert "cannot bind" not in caplog.text
