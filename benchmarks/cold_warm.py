@@ -16,7 +16,7 @@ KV cache written in place, default options, `mark_dynamic_batch(..., hint=512)`)
 Each prints, in seconds: load of the compile cache, first call of 8 tokens (Dynamo, split,
 Inductor pieces and the whole-graph compile), first call of 1 token (Dynamo traces batch 1
 apart; the dynamic graph's compile serves it, `batch_one`), `capture_all()` with its graph
-count, then graph memory, each graph's report line (compile parts, Inductor cache hits and
+count, then graph memory, each graph's report line (compile parts, compile-cache hits and
 misses), step times at 1, 8, 32 and 128 tokens (decode batches, CUDA events, median of 20), and
 a soak of `--soak` calls of random sizes and kinds after `capture_all`: graphs captured and
 graph memory grown during it (both should be 0), and the allocator's reserved growth (the

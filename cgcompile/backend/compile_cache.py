@@ -127,14 +127,31 @@ def _read(target: Path) -> tuple[dict[str, str] | None, bytes]:
     return (header if isinstance(header, dict) else None), payload
 
 
-def inductor_cache_counts() -> tuple[int, int]:
-    """(hits, misses) of Inductor's FX-graph cache in this process so far."""
-    inductor = torch_counters["inductor"]
-    return inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"]
+def inductor_cache_counts() -> tuple[int, int, int, int]:
+    """(hits, misses) of AOTAutograd's cache, then of Inductor's FX-graph cache, in this
+    process so far."""
+    autograd, inductor = torch_counters["aot_autograd"], torch_counters["inductor"]
+    return (
+        autograd["autograd_cache_hit"],
+        autograd["autograd_cache_miss"],
+        inductor["fxgraph_cache_hit"],
+        inductor["fxgraph_cache_miss"],
+    )
+
+
+def cache_delta(
+    before: tuple[int, int, int, int], after: tuple[int, int, int, int]
+) -> tuple[int, int]:
+    """(hits, misses) of the compiles between two `inductor_cache_counts`: AOTAutograd's cache
+    where it was consulted (under torch's AOT compile it bundles Inductor's output, and the
+    FX-graph cache is not asked), else the FX-graph cache's."""
+    d = [a - b for a, b in zip(after, before, strict=True)]
+    return (d[0], d[1]) if d[0] or d[1] else (d[2], d[3])
 
 
 def _misses() -> int:
-    return inductor_cache_counts()[1]
+    counts = inductor_cache_counts()
+    return counts[1] + counts[3]
 
 
 def note_compiled(graph_id: int) -> None:

@@ -30,7 +30,7 @@ from torch import fx
 
 from cgcompile.attention import attention_ops, find_attention, is_split_at
 from cgcompile.backend.build import BuildRequest, Built
-from cgcompile.backend.compile_cache import inductor_cache_counts, note_compiled
+from cgcompile.backend.compile_cache import cache_delta, inductor_cache_counts, note_compiled
 from cgcompile.backend.fx_split import build_split
 from cgcompile.backend.partition import (
     Fallback,
@@ -114,8 +114,7 @@ def compile_graph(
     _count(built.counts)
     report = _report(graph_id, config, resolution, attention, support, runtime_kind, built)
     report.compile_seconds = time.perf_counter() - start
-    hits, misses = (a - b for a, b in zip(inductor_cache_counts(), cache_before, strict=True))
-    report.inductor_cache = (hits, misses)
+    report.inductor_cache = cache_delta(cache_before, inductor_cache_counts())
     note_compiled(graph_id)
     report.pad_unsafe = plan.pad_unsafe
     _log_resolution(graph_id, resolution, attention, built)

@@ -34,6 +34,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from cgcompile.backend.entry import cudagraph_modes
 from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE, PAD_ATTRIBUTE
+from cgcompile.runtime.compiled_graph import CompiledGraph
 from cgcompile.runtime.inputs import STATIC_ATTRIBUTE
 
 _DROPPED_META = ("source_fn_stack", "nn_module_stack")
@@ -90,7 +91,10 @@ class SavedGraph(SerializableCallable):
             stack.enter_context(tracing(TracingContext(fake_mode)))
             for module, values in state["config"].items():
                 stack.enter_context(_CONFIGS[module].patch(values))
-            return cls(cudagraph_modes(gm, examples, state["options"]), data)
+            compiled = cudagraph_modes(gm, examples, state["options"])
+        if isinstance(compiled, CompiledGraph):
+            compiled.report.precompiled = True
+        return cls(compiled, data)
 
 
 def saving_backend(

@@ -60,8 +60,11 @@ class GraphReport:
     compile_parts: dict[str, float] = dataclasses.field(default_factory=dict)
     """Seconds of the parts of `compile_seconds` compiled apart ('pieces', 'whole graph')."""
     inductor_cache: tuple[int, int] = (0, 0)
-    """(hits, misses) of Inductor's FX-graph cache during this compile: after
-    `load_compile_cache`, all hits."""
+    """(hits, misses) of the compile caches during this compile (AOTAutograd's where it was
+    consulted, else Inductor's FX-graph cache): after `load_compile_cache` or a precompiled
+    load, all hits."""
+    precompiled: bool = False
+    """Rebuilt from a `precompile` file: Dynamo traced nothing in this process."""
     num_eager_fallbacks: int = 0
     captured: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     """Graph keys captured so far, per runtime mode."""
@@ -82,6 +85,8 @@ class GraphReport:
             f"  attention: {self.attention_ops or 'none'} -> support {self.attention_support}",
             f"  {self._format_path()}, compiled in {self.compile_seconds:.2f}s{self._parts()}",
         ]
+        if self.precompiled:
+            lines.append("  rebuilt from a precompiled file: no Dynamo trace in this process")
         if self.full_graph_compile:
             lines.append(f"  full graphs replay: {_FULL_GRAPHS[self.full_graph_compile]}")
         if self.partition_fallback:
@@ -106,7 +111,7 @@ class GraphReport:
         parts = [f"{name} {s:.2f}s" for name, s in self.compile_parts.items()]
         hits, misses = self.inductor_cache
         if hits or misses:
-            parts.append(f"Inductor cache {hits} hits, {misses} misses")
+            parts.append(f"compile cache {hits} hits, {misses} misses")
         return f" ({', '.join(parts)})" if parts else ""
 
     def _format_path(self) -> str:

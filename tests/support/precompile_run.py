@@ -107,6 +107,7 @@ def main() -> None:
                 "captured_by_capture_all": captured_by_capture_all,
                 "captured_by_calls": cgcompile.counters.num_cudagraph_captured - before_calls,
                 "warnings": warnings.messages,
+                "report": cgcompile.compiled_graphs()[0].format_report(),
             }
         )
     )

@@ -62,6 +62,12 @@ def test_a_fresh_process_loads_the_precompiled_model_without_tracing_or_compilin
     assert loaded["backend_compiles"] == saved["backend_compiles"]
     assert loaded["captured_by_capture_all"] == saved["captured_by_capture_all"] > 0
     assert_equals_eager(loaded)
+    # the report says so
+    hits = saved["autograd_cache"][1]
+    assert f"compile cache 0 hits, {hits} misses" in saved["report"]
+    assert "rebuilt from a precompiled file" not in saved["report"]
+    assert f"compile cache {hits} hits, 0 misses" in loaded["report"]
+    assert "rebuilt from a precompiled file: no Dynamo trace" in loaded["report"]
 
 
 @needs_aot
