@@ -13,7 +13,7 @@ from typing import Any
 from torch import fx
 
 from cgcompile.backend.batch_one import remember_dynamic, serve_batch_one
-from cgcompile.backend.pipeline import compile_graph
+from cgcompile.backend.pipeline import Analyses, compile_graph
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import ConfigError
 from cgcompile.runtime.compiled_graph import CompiledGraph
@@ -32,11 +32,21 @@ def cudagraph_modes(
             f"backend 'cudagraph_modes' takes its settings through options=, got mode={mode!r}; "
             f"e.g. options={{'cudagraph_mode': 'FULL_AND_PIECEWISE'}}"
         )
-    config = CompilationConfig.from_options(options)
+    return compile_dynamo_graph(gm, example_inputs, CompilationConfig.from_options(options))
+
+
+def compile_dynamo_graph(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    config: CompilationConfig,
+    analyses: Analyses | None = None,
+) -> CompiledGraph | PaddedBatchOne:
+    """One Dynamo graph: served by a live dynamic graph if it is that graph at batch 1, else
+    compiled (`analyses`: the saving process's, for a graph rebuilt from a precompiled file)."""
     served, not_shared = serve_batch_one(gm, example_inputs, config)
     if served is not None:  # Dynamo's batch-1 graph: the dynamic graph's compile serves it
         return served
-    graph = compile_graph(gm, example_inputs, config)
+    graph = compile_graph(gm, example_inputs, config, analyses)
     graph.report.batch_one_not_shared = not_shared
     remember_dynamic(graph, gm, config)
     return graph

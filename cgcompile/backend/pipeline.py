@@ -19,6 +19,7 @@ Counters are updated only once all steps succeeded: Dynamo may restart analysis 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -62,8 +63,23 @@ logger = logging.getLogger(__name__)
 _graph_ids = itertools.count()
 
 
+@dataclasses.dataclass(frozen=True)
+class Analyses:
+    """What step 1's runs of the graph on fake tensors found; a graph rebuilt from a
+    precompiled file reuses its saving process's (`CompiledGraph.analyses`)."""
+
+    effects: Effects
+    not_analysed: str | None
+    """Why the effects are unknown (the fake run failed), if so."""
+    pad_unsafe: str | None
+    """Why padding could change what the caller sees, if so."""
+
+
 def compile_graph(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    config: CompilationConfig,
+    analyses: Analyses | None = None,
 ) -> CompiledGraph:
     start = time.perf_counter()
     graph_id = next(_graph_ids)
@@ -75,11 +91,17 @@ def compile_graph(
     if support is None:  # NEVER is 0: test for None, not truthiness
         support = min(attention.values(), default=AttentionCGSupport.ALWAYS)
     _warn_unknown_ops(graph_id, config, targets)
-    effects, not_analysed = _effects(graph_id, gm, example_inputs)
+    if analyses is None:
+        effects, not_analysed = _effects(graph_id, gm, example_inputs)
+    else:
+        effects, not_analysed = analyses.effects, analyses.not_analysed
     plan = InputPlan.from_graph(gm, example_inputs, effects)
     runtime_kind, device = _choose_runtime(config, example_inputs)
     if config.cudagraph_mode != CUDAGraphMode.NONE and runtime_kind is not None:
-        plan = with_pad_safety(gm, example_inputs, plan)
+        if analyses is None:
+            plan = with_pad_safety(gm, example_inputs, plan)
+        else:
+            plan = dataclasses.replace(plan, pad_unsafe=analyses.pad_unsafe)
     if runtime_kind == "cuda":
         plan = plan.with_host_scalars(example_inputs)
     if support == AttentionCGSupport.ALWAYS:
@@ -119,7 +141,11 @@ def compile_graph(
     report.pad_unsafe = plan.pad_unsafe
     _log_resolution(graph_id, resolution, attention, built)
     shapes_only, traced = built.shapes_only, gm.forward
-    return CompiledGraph(runnable, dispatcher, plan, report, wrappers, runtime, shapes_only, traced)
+    graph = CompiledGraph(
+        runnable, dispatcher, plan, report, wrappers, runtime, shapes_only, traced
+    )
+    graph.analyses = Analyses(effects, not_analysed, plan.pad_unsafe)
+    return graph
 
 
 def _effects(

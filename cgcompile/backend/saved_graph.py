@@ -6,10 +6,12 @@ for bytes that rebuild it in another process, where no Dynamo trace runs. `savin
 returns a `SavedGraph`: the compiled graph (a `CompiledGraph` or a `PaddedBatchOne`) plus, taken
 before compiling, the Dynamo graph with its fake example values (`GraphPickler`), the options and
 what the backend reads from the real example inputs beyond their fake values (pad values, a
-batch dim other than 0, which inputs are parameters). Loading rebuilds the fake example inputs
-from those facts and runs the backend again on the same graph: its Inductor compiles are cache
-lookups (the caller loads the saved Inductor artifacts first), and a batch-1 graph finds the
-rebuilt dynamic graph it is served by, as in the saving process, when loaded after it.
+batch dim other than 0, which inputs are parameters), and after compiling what the backend's
+fake runs found (`pipeline.Analyses`). Loading rebuilds the fake example inputs from those
+facts and runs the backend again on the same graph without those fake runs: its Inductor
+compiles are cache lookups (the caller loads the saved Inductor artifacts first), and a batch-1
+graph finds the rebuilt dynamic graph it is served by, as in the saving process, when loaded
+after it.
 
     compiled = torch.compile(fn, backend=saving_backend(options), fullgraph=True)
     with torch._dynamo.config.patch(enable_aot_compile=True): ...   # see backend.precompile
@@ -32,7 +34,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from cgcompile.backend.entry import cudagraph_modes
+from cgcompile.backend.entry import compile_dynamo_graph, cudagraph_modes
+from cgcompile.config import CompilationConfig
 from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE, PAD_ATTRIBUTE
 from cgcompile.runtime.compiled_graph import CompiledGraph
 from cgcompile.runtime.inputs import STATIC_ATTRIBUTE
@@ -91,7 +94,8 @@ class SavedGraph(SerializableCallable):
             stack.enter_context(tracing(TracingContext(fake_mode)))
             for module, values in state["config"].items():
                 stack.enter_context(_CONFIGS[module].patch(values))
-            compiled = cudagraph_modes(gm, examples, state["options"])
+            config = CompilationConfig.from_options(state["options"])
+            compiled = compile_dynamo_graph(gm, examples, config, state["analyses"])
         if isinstance(compiled, CompiledGraph):
             compiled.report.precompiled = True
         return cls(compiled, data)
@@ -105,13 +109,17 @@ def saving_backend(
     options = dict(options or {})
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> SavedGraph:
-        state = _dump(gm, example_inputs, options)  # before compiling: passes annotate gm
-        return SavedGraph(cudagraph_modes(gm, example_inputs, options), state)
+        state = _state(gm, example_inputs, options)  # before compiling: passes annotate gm
+        compiled = cudagraph_modes(gm, example_inputs, options)
+        state["analyses"] = getattr(compiled, "analyses", None)  # a batch-1 graph served: none
+        return SavedGraph(compiled, pickle.dumps(state))
 
     return backend
 
 
-def _dump(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any]) -> bytes:
+def _state(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any]
+) -> dict[str, Any]:
     for node in gm.graph.nodes:
         for key in _DROPPED_META:
             node.meta.pop(key, None)
@@ -120,9 +128,7 @@ def _dump(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, 
         module.__name__: {key: getattr(module, key) for key in keys if hasattr(module, key)}
         for module, keys in _CACHE_KEYED_CONFIG.items()
     }
-    return pickle.dumps(
-        {"graph": graph, "facts": _facts(example_inputs), "options": options, "config": config}
-    )
+    return {"graph": graph, "facts": _facts(example_inputs), "options": options, "config": config}
 
 
 def _facts(example_inputs: Sequence[Any]) -> dict[int, dict[str, Any]]:

@@ -89,6 +89,8 @@ class CompiledGraph:
         self.runnable = runnable
         self.dispatcher = dispatcher
         self.plan = plan
+        self.analyses: Any = None
+        """What the backend's fake runs found (`backend.pipeline.Analyses`), kept for saving."""
         self._report = report
         self.wrappers = wrappers
         self.runtime = runtime

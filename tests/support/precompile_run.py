@@ -42,6 +42,22 @@ class _Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def _count_analyses() -> list[str]:
+    """The names of the backend's analyses (runs of a graph on fake tensors) as they run."""
+    from cgcompile.backend import pipeline
+
+    ran: list[str] = []
+    for name in ("find_effects", "with_pad_safety"):
+        original = getattr(pipeline, name)
+
+        def counted(*args: object, _name: str = name, _original: object = original) -> object:
+            ran.append(_name)
+            return _original(*args)  # type: ignore[operator]
+
+        setattr(pipeline, name, counted)
+    return ran
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("path")
@@ -51,6 +67,7 @@ def main() -> None:
     parser.add_argument("--marked", action="store_true", help="mark the calls' inputs too")
     parser.add_argument("--cuda", action="store_true", help="on the GPU, real CUDA graphs")
     args = parser.parse_args()
+    analyses_run = _count_analyses()
     warnings = _Warnings()
     logging.getLogger("cgcompile").addHandler(warnings)
     sys.path.insert(0, args.model_dir)
@@ -108,6 +125,7 @@ def main() -> None:
                 "captured_by_calls": cgcompile.counters.num_cudagraph_captured - before_calls,
                 "warnings": warnings.messages,
                 "report": cgcompile.compiled_graphs()[0].format_report(),
+                "analyses_run": analyses_run,
             }
         )
     )
