@@ -8,7 +8,8 @@ one `SavedGraph` per example) and the file is written, with this process's Induc
 
 Steps of a load:
 1. read the header and compare it with this process: cgcompile, torch and Python versions, the
-   GPU, a digest of the options, the checksums of every source file Dynamo traced; any
+   GPU, digests of the options and of the examples (dtypes, devices, shapes but the marked
+   dims, grad mode), the checksums of every source file Dynamo traced; any
    difference, or a file that fails to load, is logged once at WARNING with the reason, and the
    model is compiled and saved again (never loaded wrong);
 2. put the saved Inductor artifacts into this process's caches
@@ -77,13 +78,14 @@ def precompile(
     target = Path(path)
     if not torch_features.AOT_COMPILE.available:
         return _precompile_with_cache(model, examples, target, options, start)
-    functions, why = _load(target, options)
+    examples = _dynamic_first(examples)
+    functions, why = _load(target, options, examples)
     if functions is not None:
         seconds = time.perf_counter() - start
         logger.info("precompiled %s loaded from %s in %.2fs", _name(model), target, seconds)
         return Precompiled(model, options, functions, True, None, seconds)
     try:
-        functions = _compile_and_save(model, _dynamic_first(examples), target, options)
+        functions = _compile_and_save(model, examples, target, options)
     except CGCompileError:
         raise
     except Exception as exc:  # torch cannot AOT-compile it: a graph break, unsavable guards
@@ -128,13 +130,34 @@ def _dynamic_first(examples: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]
     return sorted(examples, key=is_static)
 
 
-def _header(options: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
+def _header(
+    options: dict[str, Any], examples: list[tuple[Any, ...]], sources: dict[str, str]
+) -> dict[str, Any]:
     config = repr(CompilationConfig.from_options(options))
     return {
         **process_header(),
-        "options": hashlib.sha256(config.encode()).hexdigest()[:16],
+        "options": _digest(config),
+        "examples": _digest(repr([_describe(e) for e in examples] + [torch.is_grad_enabled()])),
         "sources": sources,
     }
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _describe(example: tuple[Any, ...]) -> list[Any]:
+    """What the example calls' guards depend on: each tensor's dtype, device, grad flag and
+    shape (marked dims as -1); other arguments' values."""
+    described: list[Any] = []
+    for a in example:
+        if isinstance(a, torch.Tensor):
+            dynamic = getattr(a, "_dynamo_dynamic_indices", set())
+            shape = [-1 if d in dynamic else n for d, n in enumerate(a.shape)]
+            described.append((str(a.dtype), a.device.type, a.requires_grad, shape))
+        else:
+            described.append(repr(a))
+    return described
 
 
 def _source_checksum(module_name: str) -> str | None:
@@ -146,9 +169,11 @@ def _source_checksum(module_name: str) -> str | None:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def _differences(saved: dict[str, Any], options: dict[str, Any]) -> list[str]:
+def _differences(
+    saved: dict[str, Any], options: dict[str, Any], examples: list[tuple[Any, ...]]
+) -> list[str]:
     """How the saving process differs from this one (empty: the file fits)."""
-    ours = _header(options, {})
+    ours = _header(options, examples, {})
     differ = [
         f"{k} {saved.get(k)!r} (here {v!r})"
         for k, v in ours.items()
@@ -160,7 +185,9 @@ def _differences(saved: dict[str, Any], options: dict[str, Any]) -> list[str]:
     return differ
 
 
-def _load(target: Path, options: dict[str, Any]) -> tuple[list[Any] | None, str]:
+def _load(
+    target: Path, options: dict[str, Any], examples: list[tuple[Any, ...]]
+) -> tuple[list[Any] | None, str]:
     """(the loaded functions, "") or (None, why not)."""
     if not target.exists():
         return None, f"no file at {target}"
@@ -172,7 +199,7 @@ def _load(target: Path, options: dict[str, Any]) -> tuple[list[Any] | None, str]
         header = None
     if not isinstance(header, dict):
         return _refuse(target, "it is not a precompiled cgcompile model")
-    differ = _differences(header, options)
+    differ = _differences(header, options, examples)
     if differ:
         return _refuse(target, "it was saved with " + "; ".join(differ))
     try:
@@ -214,7 +241,7 @@ def _compile_and_save(
         sources |= {s.module for s in getattr(info, "inlined_sources", ())}
     checksums = {m: c for m in sorted(sources) if (c := _source_checksum(m)) is not None}
     try:
-        _save(target, functions, _header(options, checksums))
+        _save(target, functions, _header(options, examples, checksums))
     except (OSError, pickle.PicklingError, AttributeError, TypeError, RuntimeError) as exc:
         # what pickling raises for what it cannot save (a class defined in a function: torch's
         # guards name the model's class), besides the file system's errors

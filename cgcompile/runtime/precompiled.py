@@ -47,24 +47,24 @@ class Precompiled:
         self._jit: Callable[..., Any] | None = None
         self._warned_marks = False
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         full = (*self._prefix, *args)
         functions = self.functions
         for i, fn in enumerate(functions):
-            if fn.guard_check(*full):
+            if fn.guard_check(*full, **kwargs):
                 if i:  # the next call most likely has the same kind: check this one first
                     functions.insert(0, functions.pop(i))
-                return fn(*full)
-        return self._call_unfitted(args)
+                return fn(*full, **kwargs)
+        return self._call_unfitted(args, kwargs)
 
-    def _call_unfitted(self, args: tuple[Any, ...]) -> Any:
+    def _call_unfitted(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call no function's guards accept: retried without `mark_dynamic_batch`'s marks
         (Dynamo guards on them: a batch-1 example's are dropped when traced), else compiled
         just in time."""
-        if self._jit is None and any(_is_marked(a) for a in args):
+        if any(_is_marked(a) for a in args):
             unmarked = tuple(a.detach() if _is_marked(a) else a for a in args)  # same storage
             for fn in self.functions:
-                if fn.guard_check(*self._prefix, *unmarked):
+                if fn.guard_check(*self._prefix, *unmarked, **kwargs):
                     if not self._warned_marks:
                         self._warned_marks = True
                         logger.warning(
@@ -72,16 +72,30 @@ class Precompiled:
                             "the examples only): marked inputs are checked twice, a few us "
                             "per call; drop the marks from the calls"
                         )
-                    return fn(*self._prefix, *unmarked)
+                    return fn(*self._prefix, *unmarked, **kwargs)
         if self._jit is None:
             logger.warning(
-                "a call fits none of the %d precompiled functions (its shapes, dtypes or grad "
-                "mode differ from every example's): compiling it just in time with "
-                "torch.compile; add an example like it to precompile() to have it saved",
+                "a call fits none of the %d precompiled functions (%s): compiling it just in "
+                "time with torch.compile; add an example like it to precompile() to have it "
+                "saved",
                 len(self.functions),
+                self._why_unfitted(args, kwargs),
             )
             self._compile_just_in_time()
-        return self._jit(*args)
+        return self._jit(*args, **kwargs)
+
+    def _why_unfitted(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The failing guards of the first function (torch's own words), if torch says."""
+        if not self.functions:
+            return "none was saved"
+        fn = self.functions[0]
+        try:
+            f_locals = fn.prepare_f_locals(*self._prefix, *args, **kwargs)
+            parts = fn._artifacts.guard_manager.check_verbose(f_locals).verbose_code_parts
+        except (AttributeError, TypeError):  # a torch without these internals
+            return "its shapes, dtypes or grad mode differ from every example's"
+        failed = "; ".join(part.split("#")[0].strip() for part in parts)  # no source comments
+        return f"failing guards: {failed[:300]}" if parts else "a guard failed"
 
     def _compile_just_in_time(self) -> Callable[..., Any]:
         self._jit = torch.compile(self.model, backend="cudagraph_modes", options=self.options)

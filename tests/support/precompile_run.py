@@ -4,7 +4,7 @@ model's code) for a batch of 8 and a batch of 1, then decode steps of several si
 eager copy (logits and caches); print one JSON line of what happened.
 
     python -m tests.support.precompile_run PATH MODEL_DIR [--compiler eager] [--sizes 4 8]
-        [--marked] [--cuda]
+        [--marked] [--cuda] [--examples 8 1]
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--marked", action="store_true", help="mark the calls' inputs too")
     parser.add_argument("--cuda", action="store_true", help="on the GPU, real CUDA graphs")
+    parser.add_argument("--examples", type=int, nargs="+", default=[8, 1])
     args = parser.parse_args()
     analyses_run = _count_analyses()
     warnings = _Warnings()
@@ -83,7 +84,7 @@ def main() -> None:
         "cudagraph_capture_sizes": args.sizes,
     }
     examples = []
-    for n in (8, 1):
+    for n in args.examples:
         tokens, positions = make_inputs(cfg, n, device)
         mark_batch(cfg, tokens, positions)
         examples.append((tokens, positions))

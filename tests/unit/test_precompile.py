@@ -87,6 +87,12 @@ def test_changed_options_or_model_code_are_refused_once_and_compiled_again(tmp_p
     ]
     assert_equals_eager(other_sizes)
     assert run(path, model_dir, *eager, "--sizes", "4", "8")["loaded"] is True  # saved again
+    other_examples = run(path, model_dir, *eager, "--sizes", "4", "8", "--examples", "8")
+    assert other_examples["loaded"] is False and "examples" in other_examples["why_compiled"]
+    # batch-1 calls fit no example: compiled just in time (and captured lazily), still exact
+    assert other_examples["max_error"] < 1e-5 and other_examples["cache_error"] < 1e-5
+    assert [w for w in other_examples["warnings"] if "failing guards: " in w]
+    run(path, model_dir, *eager, "--sizes", "4", "8")  # both examples again
     write_model(model_dir, 2.0)  # the forward's code changes; the traced graph would not fit
     changed = run(path, model_dir, *eager, "--sizes", "4", "8")
     assert changed["loaded"] is False
