@@ -58,7 +58,7 @@ AOT_COMPILE = TorchFeature(
     needs="2.10",
     available=hasattr(torch.compiler, "load_compiled_function")
     and hasattr(torch._dynamo.config, "enable_aot_compile"),
-    fallback="it compiles just in time and saves Inductor's compile cache (a restart traces again)",
+    fallback="it compiles just in time and saves nothing (save_compile_cache serves a restart)",
 )
 
 

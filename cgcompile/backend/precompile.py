@@ -20,8 +20,8 @@ Steps of a load:
 
 Calls go through `runtime.precompiled.Precompiled` (guards checked per call, a call that fits
 no example compiled just in time). Calls need no `mark_dynamic_batch`: it marks the examples.
-A model torch cannot AOT-compile (a graph break, a class defined in a function) is compiled
-just in time, with one WARNING, and nothing is saved.
+A model torch cannot AOT-compile (a graph break, a class defined in a function, torch < 2.10)
+is compiled just in time at its first call, with one WARNING, and nothing is saved.
 
     step = cgcompile.precompile(model, [(tokens8, pos8), (tokens1, pos1)], "llama.cgaot")
     logits = step(tokens, positions)
@@ -47,11 +47,7 @@ from typing import Any
 import torch
 
 from cgcompile import torch_features
-from cgcompile.backend.compile_cache import (
-    load_compile_cache,
-    process_header,
-    save_compile_cache,
-)
+from cgcompile.backend.compile_cache import process_header
 from cgcompile.backend.saved_graph import saving_backend
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import CGCompileError, ConfigError, ConfigTypeError
@@ -77,7 +73,7 @@ def precompile(
     start = time.perf_counter()
     target = Path(path)
     if not torch_features.AOT_COMPILE.available:
-        return _precompile_with_cache(model, examples, target, options, start)
+        return _just_in_time(model, options, torch_features.AOT_COMPILE.why_missing())
     examples = _dynamic_first(examples)
     functions, why = _load(target, options, examples)
     if functions is not None:
@@ -90,7 +86,9 @@ def precompile(
         raise
     except Exception as exc:  # torch cannot AOT-compile it: a graph break, unsavable guards
         logger.debug("AOT compile of %s failed", _name(model), exc_info=True)
-        return _cannot_precompile(model, examples, options, start, exc)
+        first_line = (str(exc).splitlines() or [""])[0]
+        why = f"torch's AOT compile failed with {type(exc).__name__}: {first_line}"
+        return _just_in_time(model, options, why)
     seconds = time.perf_counter() - start
     logger.info("%s precompiled in %.2fs", _name(model), seconds)
     return Precompiled(model, options, functions, False, why, seconds)
@@ -273,44 +271,14 @@ def _serialize(fn: Any) -> bytes:
         return file.read_bytes()
 
 
-def _cannot_precompile(
-    model: Callable[..., Any],
-    examples: Sequence[tuple[Any, ...]],
-    options: dict[str, Any],
-    start: float,
-    exc: Exception,
-) -> Precompiled:
-    """The model compiled just in time, its examples run once: what torch could not AOT-compile
-    (nothing is saved)."""
-    first_line = (str(exc).splitlines() or [""])[0]
-    why = f"torch's AOT compile failed with {type(exc).__name__}: {first_line}"
+def _just_in_time(model: Callable[..., Any], options: dict[str, Any], why: str) -> Precompiled:
+    """The model compiled just in time at its first call, nothing saved: what torch cannot
+    AOT-compile. The examples are not run (a call may write the model's state)."""
     logger.warning(
-        "%s cannot be precompiled (%s): compiled just in time, not saved", _name(model), why
+        "%s is not precompiled (%s): compiled just in time, not saved", _name(model), why
     )
     compiled = Precompiled(model, options, [], False, why, 0.0)
-    jit = compiled._compile_just_in_time()
-    for example in _dynamic_first(examples):
-        jit(*example)
-    compiled.seconds = time.perf_counter() - start
-    return compiled
-
-
-def _precompile_with_cache(
-    model: Callable[..., Any],
-    examples: Sequence[tuple[Any, ...]],
-    target: Path,
-    options: dict[str, Any],
-    start: float,
-) -> Precompiled:
-    """Torch without AOT compile: compile just in time, with the saved compile cache."""
-    torch_features.warn_missing(torch_features.AOT_COMPILE)
-    loaded = target.exists() and load_compile_cache(target)
-    compiled = Precompiled(model, options, [], loaded, None if loaded else "no AOT compile", 0.0)
-    jit = compiled._compile_just_in_time()
-    for example in _dynamic_first(examples):
-        jit(*example)
-    save_compile_cache(target)
-    compiled.seconds = time.perf_counter() - start
+    compiled._compile_just_in_time()
     return compiled
 
 

@@ -170,7 +170,7 @@ def test_a_model_torch_cannot_precompile_still_runs_and_says_why(tmp_path, caplo
         step = cgcompile.precompile(model, [(x,)], tmp_path / "local.cgaot", OPTIONS)
         y = torch.randn(4, 16)
         assert torch.allclose(step(y), model(y))
-    assert caplog.text.count("cannot be precompiled") == 1
+    assert caplog.text.count("is not precompiled") == 1
     assert step.loaded is False and "AOT compile failed" in step.why_compiled
     assert not (tmp_path / "local.cgaot").exists()
 
@@ -222,3 +222,19 @@ def test_a_precompiled_model_beside_a_compiled_copy_keeps_their_graphs_apart(tmp
             mark_batch(cfg, tokens, positions, hint=8 if n > 1 else None)
             assert torch.allclose(fast(tokens, positions), eager(tokens, positions), atol=1e-5)
     assert "cannot bind" not in caplog.text
+
+
+def test_without_aot_compile_it_compiles_just_in_time_and_saves_nothing(
+    tmp_path, caplog, monkeypatch
+):
+    import dataclasses
+
+    missing = dataclasses.replace(torch_features.AOT_COMPILE, available=False)
+    monkeypatch.setattr(torch_features, "AOT_COMPILE", missing)
+    with caplog.at_level(logging.WARNING, logger="cgcompile"):
+        model, step = precompile_mlp(tmp_path / "mlp.cgaot")
+    assert step.loaded is False and step.functions == [] and "needs torch >= 2.10" in caplog.text
+    assert not (tmp_path / "mlp.cgaot").exists()
+    y = torch.randn(4, 16)
+    with torch.no_grad():
+        assert torch.allclose(step(y), model(y))
