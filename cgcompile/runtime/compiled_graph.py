@@ -286,11 +286,22 @@ class CompiledGraph:
 def capture_all(progress: bool = True) -> int:
     """Capture now every graph that every live compiled graph's dispatcher lists.
 
-    Each compiled graph must have been called once at a size with graphs (it reuses that
-    call's parameters and input layout), else `CGCompileError`; graphs owned by another live
-    thread are skipped with a warning. Returns how many CUDA graphs this call recorded: one
-    per piece for each PIECEWISE key plus one per FULL key, for each live module instance;
-    keys captured before are not counted, so a second call returns 0. `progress`: a tqdm bar.
+    A compiled graph must have been called once at a size with graphs (it reuses that call's
+    parameters and input layout); graphs never called are skipped with a warning (they capture
+    on first use) when some other graph was called, else `CGCompileError`. Graphs owned by
+    another live thread are skipped with a warning. Returns how many CUDA graphs this call
+    recorded: one per piece for each PIECEWISE key plus one per FULL key, for each live module
+    instance; keys captured before are not counted, so a second call returns 0. `progress`: a
+    tqdm bar.
     """
+    graphs = [graph for graph in compiled_graphs() if graph.uses_graphs]
+    called = [graph for graph in graphs if graph.instances.remembered]
+    for graph in graphs if called else ():
+        if not graph.instances.remembered:
+            logger.warning(
+                "graph %d: capture_all skips it: it was never called (its graphs capture on "
+                "first use)",
+                graph.report_id,
+            )
     with bulk_capture.frozen_heap():  # one collection for every graph
-        return sum(graph.capture_all(progress) for graph in compiled_graphs())
+        return sum(graph.capture_all(progress) for graph in called or graphs)

@@ -496,6 +496,23 @@ def test_capture_all_before_any_call_says_what_to_do():
         graph.capture_all(progress=False)
 
 
+def test_capture_all_skips_a_graph_never_called_when_another_was(caplog):
+    f = compile_fn(
+        silly_model, cudagraph_mode="PIECEWISE", compiler="eager", cudagraph_capture_sizes=[2]
+    )
+    with cgcompile.set_forward_context():  # manual mode: no automatic call, no template
+        f(dyn(torch.randn(2)))
+    g = compile_fn(SeqModel().eval(), compiler="eager", cudagraph_capture_sizes=[2, 4])
+    x = torch.randn(4, 3, 8)
+    cgcompile.mark_dynamic_batch(x)
+    with torch.no_grad():
+        g(x)
+        with caplog.at_level(logging.WARNING, logger="cgcompile"):
+            captured = cgcompile.capture_all(progress=False)
+    assert captured > 0  # the called graph's keys
+    assert caplog.text.count("capture_all skips it: it was never called") == 1
+
+
 def test_compiled_graphs_lists_the_dynamic_batch_graph_first_whatever_the_first_call():
     f = compile_fn(SeqModel().eval(), compiler="eager", cudagraph_capture_sizes=[1, 2, 4, 8])
     with torch.no_grad():
