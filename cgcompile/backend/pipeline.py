@@ -2,7 +2,8 @@
 
 1. find the attention ops in the graph and the lowest CUDA-graph support among them, the
    inputs the graph writes in place (`passes.mutation`) and whether padding a batch could
-   change what the caller sees (`passes.pad_safety`);
+   change what the caller sees (`passes.pad_safety`): two runs on fake tensors, whose results
+   (`Analyses`) a graph rebuilt from a precompiled file takes from the file instead;
 2. resolve the requested mode against that support, the attention left unsplit and whether
    the outputs need autograd (`resolution`), logging every downgrade;
 3. choose the path: with `use_inductor_graph_partition` and a mode with piecewise graphs,
