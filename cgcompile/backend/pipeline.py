@@ -88,21 +88,11 @@ def compile_graph(
     matcher = OpMatcher(specs)
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     attention = find_attention(targets)
-    support = config.attention_cg_support
-    if support is None:  # NEVER is 0: test for None, not truthiness
-        support = min(attention.values(), default=AttentionCGSupport.ALWAYS)
+    support = _lowest_support(config, attention)
     _warn_unknown_ops(graph_id, config, targets)
-    if analyses is None:
-        effects, not_analysed = _effects(graph_id, gm, example_inputs)
-    else:
-        effects, not_analysed = analyses.effects, analyses.not_analysed
-    plan = InputPlan.from_graph(gm, example_inputs, effects)
     runtime_kind, device = _choose_runtime(config, example_inputs)
-    if config.cudagraph_mode != CUDAGraphMode.NONE and runtime_kind is not None:
-        if analyses is None:
-            plan = with_pad_safety(gm, example_inputs, plan)
-        else:
-            plan = dataclasses.replace(plan, pad_unsafe=analyses.pad_unsafe)
+    pads = config.cudagraph_mode != CUDAGraphMode.NONE and runtime_kind is not None
+    plan, analyses = _analysed_plan(graph_id, gm, example_inputs, pads, analyses)
     if runtime_kind == "cuda":
         plan = plan.with_host_scalars(example_inputs)
     if support == AttentionCGSupport.ALWAYS:
@@ -113,7 +103,7 @@ def compile_graph(
         splits_attention=is_split_at(matcher, targets),
         piecewise_available=bool(matcher),
         graphs_available=runtime_kind is not None,
-        not_analysed=not_analysed,
+        not_analysed=analyses.not_analysed,
         needs_autograd=needs_autograd(gm),
         unsplit_attention=unsplit_attention_of(config, matcher, targets),
         uniform_decode_query_len=config.uniform_decode_query_len,
@@ -145,8 +135,38 @@ def compile_graph(
     graph = CompiledGraph(
         runnable, dispatcher, plan, report, wrappers, runtime, shapes_only, traced
     )
-    graph.analyses = Analyses(effects, not_analysed, plan.pad_unsafe)
+    graph.analyses = analyses
     return graph
+
+
+def _lowest_support(
+    config: CompilationConfig, attention: dict[str, AttentionCGSupport]
+) -> AttentionCGSupport:
+    """The configured support, else the lowest among the graph's attention ops."""
+    if config.attention_cg_support is not None:  # NEVER is 0: test for None, not truthiness
+        return config.attention_cg_support
+    return min(attention.values(), default=AttentionCGSupport.ALWAYS)
+
+
+def _analysed_plan(
+    graph_id: int,
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    pads: bool,
+    saved: Analyses | None,
+) -> tuple[InputPlan, Analyses]:
+    """The input plan with step 1's analyses (`pads`: whether padding safety matters): run
+    now, or taken from `saved`."""
+    if saved is None:
+        effects, not_analysed = _effects(graph_id, gm, example_inputs)
+    else:
+        effects, not_analysed = saved.effects, saved.not_analysed
+    plan = InputPlan.from_graph(gm, example_inputs, effects)
+    if pads and saved is None:
+        plan = with_pad_safety(gm, example_inputs, plan)
+    elif pads:
+        plan = dataclasses.replace(plan, pad_unsafe=saved.pad_unsafe)
+    return plan, Analyses(effects, not_analysed, plan.pad_unsafe)
 
 
 def _effects(

@@ -95,6 +95,20 @@ def capture_graphs(graph: Capturable, progress: bool) -> int:
     return captured
 
 
+def to_capture(graphs: list[Capturable]) -> list[Capturable]:
+    """The graphs that were called, the others skipped with a warning (they capture on first
+    use); all of them when none was (each then says it needs a call)."""
+    called = [graph for graph in graphs if graph.instances.remembered]
+    for graph in graphs if called else ():
+        if not graph.instances.remembered:
+            logger.warning(
+                "graph %d: capture_all skips it: it was never called (its graphs capture on "
+                "first use)",
+                graph.report_id,
+            )
+    return called or graphs
+
+
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:
     """Collect garbage once (freeing what the graphs' memory could reuse), then freeze the heap

@@ -294,14 +294,6 @@ def capture_all(progress: bool = True) -> int:
     instance; keys captured before are not counted, so a second call returns 0. `progress`: a
     tqdm bar.
     """
-    graphs = [graph for graph in compiled_graphs() if graph.uses_graphs]
-    called = [graph for graph in graphs if graph.instances.remembered]
-    for graph in graphs if called else ():
-        if not graph.instances.remembered:
-            logger.warning(
-                "graph %d: capture_all skips it: it was never called (its graphs capture on "
-                "first use)",
-                graph.report_id,
-            )
+    graphs = bulk_capture.to_capture([g for g in compiled_graphs() if g.uses_graphs])
     with bulk_capture.frozen_heap():  # one collection for every graph
-        return sum(graph.capture_all(progress) for graph in called or graphs)
+        return sum(graph.capture_all(progress) for graph in graphs)
