@@ -14,6 +14,7 @@ batch-1 calls replay the dynamic graph's graphs of 2 rows. The dynamic graph mus
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import weakref
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from torch import fx
 
 from cgcompile.config import CompilationConfig
 from cgcompile.counters import counters
+from cgcompile.errors import CGCompileError
 from cgcompile.passes.batch_one import match_batch_one
 from cgcompile.runtime.compiled_graph import CompiledGraph
 from cgcompile.runtime.inputs import InputPlan
@@ -51,6 +53,30 @@ def _tensor_names(plan: InputPlan) -> list[str]:
     return [n for i, n in enumerate(plan.names) if i not in plan.size_indices]
 
 
+def _candidates(plan: InputPlan, config: CompilationConfig) -> list[tuple[CompiledGraph, Any]]:
+    """Live dynamic graphs of the same options and input names, newest first."""
+    return [
+        (graph, dynamic_gm)
+        for graph, (dynamic_gm, dynamic_config) in sorted(
+            _dynamic.items(), key=lambda item: -item[0].report_id
+        )
+        # other options, or another trace's sources (AOT against JIT, ...)
+        if dynamic_config == config and _tensor_names(graph.plan) == _tensor_names(plan)
+    ]
+
+
+def _serve(graph: CompiledGraph, size_positions: tuple[int, ...], gm: fx.GraphModule) -> Any:
+    logger.info(
+        "Dynamo's batch-1 graph is graph %d at batch 1: served by it, padded to 2 rows "
+        "(no compile, no graphs of its own)",
+        graph.report_id,
+    )
+    counters.num_graphs_seen += 1
+    counters.num_graphs_shared += 1
+    graph.report.serves_batch_one = True
+    return PaddedBatchOne(graph, size_positions, gm.forward)
+
+
 def serve_batch_one(
     gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
 ) -> tuple[PaddedBatchOne | None, str | None]:
@@ -63,25 +89,42 @@ def serve_batch_one(
     if plan.static_batch != 1:
         return None, None
     mismatches = []
-    for graph, (dynamic_gm, dynamic_config) in sorted(
-        _dynamic.items(), key=lambda item: -item[0].report_id
-    ):
-        if dynamic_config != config or _tensor_names(graph.plan) != _tensor_names(plan):
-            continue  # other options, or another trace's sources (AOT against JIT, ...)
+    for graph, dynamic_gm in _candidates(plan, config):
         match = match_batch_one(dynamic_gm, gm, graph.plan.batch_exprs)
-        if match.mismatch is not None:
-            mismatches.append(f"not graph {graph.report_id} at batch 1: {match.mismatch}")
-            continue
-        logger.info(
-            "Dynamo's batch-1 graph is graph %d at batch 1: served by it, padded to 2 rows "
-            "(no compile, no graphs of its own)",
-            graph.report_id,
-        )
-        counters.num_graphs_seen += 1
-        counters.num_graphs_shared += 1
-        graph.report.serves_batch_one = True
-        return PaddedBatchOne(graph, match.size_positions, gm.forward), None
+        if match.mismatch is None:
+            return _serve(graph, match.size_positions, gm), None
+        mismatches.append(f"not graph {graph.report_id} at batch 1: {match.mismatch}")
     why = "; ".join(mismatches) or None
     if why:
         logger.info("Dynamo's batch-1 graph compiles on its own: it is %s", why)
     return None, why
+
+
+def code_digest(gm: fx.GraphModule) -> str:
+    """Which dynamic graph a batch-1 graph was matched with, as its saving process saw it."""
+    return hashlib.sha256(gm.code.encode()).hexdigest()
+
+
+def serve_matched_batch_one(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    config: CompilationConfig,
+    size_positions: tuple[int, ...],
+    dynamic_digest: str,
+) -> PaddedBatchOne:
+    """A batch-1 graph rebuilt from a precompiled file, whose saving process matched it with a
+    dynamic graph saved before it in the same file: served by the live dynamic graph of the
+    same options, input names and code (`code_digest`), without matching the nodes again (a
+    saved batch-1 graph keeps no fake values but its inputs')."""
+    plan = InputPlan.from_graph(gm, example_inputs)
+    for graph, dynamic_gm in _candidates(plan, config):
+        if code_digest(dynamic_gm) == dynamic_digest:
+            return _serve(graph, size_positions, gm)
+    raise CGCompileError(
+        "a precompiled batch-1 graph was served by a dynamic graph that is not loaded"
+    )
+
+
+def dynamic_gm_of(graph: CompiledGraph) -> fx.GraphModule:
+    """The Dynamo graph of a live dynamic graph that serves batch 1."""
+    return _dynamic[graph][0]

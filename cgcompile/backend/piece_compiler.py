@@ -1,10 +1,13 @@
 """Compile each capturable piece of a split graph once, with symbolic shapes.
 
-`compile_pieces` runs the stitching graph on Dynamo's fake inputs with an `fx.Interpreter`;
-at each capturable piece it compiles that piece with the fake arguments it actually receives
+`compile_pieces` compiles each capturable piece with the fake arguments it receives
 (FakeTensors with the symbolic batch size, plus SymInts), so one compiled artifact serves
-every batch size. Splitting pieces stay eager. Pieces with the same structure (identical
-layers) share one compiled artifact: N layers cost one compile, not N.
+every batch size. Those arguments are Dynamo's own fake values, which the split copies onto
+each piece's placeholders (`meta["example_value"]`); only when a placeholder lacks one (a node
+a pass added without it) does it run the stitching graph on fake inputs with an
+`fx.Interpreter` to find them, a run that costs seconds on a large model. Splitting pieces stay
+eager. Pieces with the same structure (identical layers) share one compiled artifact: N
+layers cost one compile, not N.
 
     compiled = compile_pieces(split, example_inputs, compiler="inductor")
     compiled["submod_0"](*args)
@@ -27,7 +30,7 @@ import torch
 from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
 
-from cgcompile.passes.split import SplitResult, graph_signature
+from cgcompile.passes.split import SplitItem, SplitResult, graph_signature
 
 logger = logging.getLogger(__name__)
 
@@ -120,31 +123,25 @@ def _concretize(arg: Any, size: int, batch_exprs: frozenset[Any]) -> Any:
     return arg
 
 
-class _Interpreter(fx.Interpreter):
-    """Propagates fake values through the stitching graph, compiling capturable pieces."""
+class _Pieces:
+    """Compiles capturable pieces, sharing one artifact between pieces of equal structure."""
 
-    def __init__(self, split: SplitResult, compiler: str) -> None:
-        super().__init__(split.split_gm)
-        self.capturable = {item.name for item in split.capturable}
+    def __init__(self, split_gm: fx.GraphModule, compiler: str) -> None:
+        self.split_gm = split_gm
         self.compiler = compiler
         self.cache: dict[Any, tuple[str, Compiled]] = {}
         self.runners: dict[str, PieceRunner] = {}
         self.piece_args: dict[str, tuple[list[Any], bool]] = {}
 
-    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
-        out = super().call_module(target, args, kwargs)
-        if target in self.capturable:
-            # Inductor rewrites a bare output into a tuple in place: remember the original.
-            self.piece_args[target] = (list(args), has_tuple_output(self.fetch_attr(target)))
-            self.runners[target] = self._compile(target, list(args))
-        return out
-
-    def _compile(self, name: str, args: list[Any]) -> PieceRunner:
-        gm = self.fetch_attr(name)
+    def compile(self, name: str, args: list[Any]) -> None:
+        gm = self.split_gm.get_submodule(name)
+        # Inductor rewrites a bare output into a tuple in place: remember the original.
+        self.piece_args[name] = (args, has_tuple_output(gm))
         key = _dedupe_key(gm, self.compiler)
         if key in self.cache:
             owner, compiled = self.cache[key]
-            return PieceRunner(compiled, shares_compile_with=owner)
+            self.runners[name] = PieceRunner(compiled, shares_compile_with=owner)
+            return
         start = time.perf_counter()
         compiled = compile_one(gm, args, self.compiler)
         logger.debug(
@@ -152,7 +149,49 @@ class _Interpreter(fx.Interpreter):
         )
         if key is not None:
             self.cache[key] = (name, compiled)
-        return PieceRunner(compiled)
+        self.runners[name] = PieceRunner(compiled)
+
+
+class _Interpreter(fx.Interpreter):
+    """Propagates fake values through the stitching graph, compiling capturable pieces."""
+
+    def __init__(self, split: SplitResult, pieces: _Pieces) -> None:
+        super().__init__(split.split_gm)
+        self.capturable = {item.name for item in split.capturable}
+        self.pieces = pieces
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        out = super().call_module(target, args, kwargs)
+        if target in self.capturable:
+            self.pieces.compile(target, list(args))
+        return out
+
+
+def recorded_args(item: SplitItem, graph_args: Sequence[Any], fake_mode: Any) -> list[Any] | None:
+    """A piece's arguments without a fake run: the graph's own (fake) argument where the piece
+    takes one, else the value Dynamo traced, which the split copied onto the piece's
+    placeholder and which is moved into `fake_mode` here (Dynamo hands the backend a fake mode
+    of its own over the tracing's shape environment); None when such a value is missing or has
+    other symbols."""
+    args = []
+    placeholders = item.graph.graph.find_nodes(op="placeholder")
+    for node, graph_input in zip(placeholders, item.input_args, strict=True):
+        if graph_input is not None:
+            args.append(graph_args[graph_input])
+            continue
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.Tensor):
+            traced_in = getattr(value, "fake_mode", None)
+            if traced_in is None or traced_in.shape_env is not fake_mode.shape_env:
+                return None
+            value = fake_mode.from_tensor(value)
+        elif isinstance(value, torch.SymInt):
+            if value.node.shape_env is not fake_mode.shape_env:
+                return None
+        elif not isinstance(value, (int, float, bool)):
+            return None
+        args.append(value)
+    return args
 
 
 def compile_pieces(
@@ -164,18 +203,24 @@ def compile_pieces(
 ) -> dict[str, PieceRunner]:
     """Compile every capturable piece; returns piece name -> runner."""
     fake_mode = torch._guards.detect_fake_mode(example_inputs)
-    interpreter = _Interpreter(split, compiler)
+    pieces = _Pieces(split.split_gm, compiler)
     fake_args = [
         fake_mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in example_inputs
     ]
+    recorded = {item.name: recorded_args(item, fake_args, fake_mode) for item in split.capturable}
     with fake_mode, enable_python_dispatcher():
-        interpreter.run(*fake_args)
+        if all(args is not None for args in recorded.values()):
+            for name, args in recorded.items():
+                pieces.compile(name, args)  # type: ignore[arg-type]
+        else:
+            logger.debug("a piece's input has no fake value: running the split graph on fakes")
+            _Interpreter(split, pieces).run(*fake_args)
     if compile_sizes and compiler == "inductor":
-        for name, runner in interpreter.runners.items():
-            args, returns_tuple = interpreter.piece_args[name]
+        for name, runner in pieces.runners.items():
+            args, returns_tuple = pieces.piece_args[name]
             gm = split.split_gm.get_submodule(name)
             _specialize(runner, gm, args, returns_tuple, compile_sizes, batch_exprs)
-    return interpreter.runners
+    return pieces.runners
 
 
 def _specialize(

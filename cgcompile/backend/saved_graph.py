@@ -9,9 +9,11 @@ what the backend reads from the real example inputs beyond their fake values (pa
 batch dim other than 0, which inputs are parameters), and after compiling what the backend's
 fake runs found (`pipeline.Analyses`). Loading rebuilds the fake example inputs from those
 facts and runs the backend again on the same graph without those fake runs: its Inductor
-compiles are cache lookups (the caller loads the saved Inductor artifacts first), and a batch-1
-graph finds the rebuilt dynamic graph it is served by, as in the saving process, when loaded
-after it.
+compiles are cache lookups (the caller loads the saved Inductor artifacts first). A batch-1
+graph that the saving process served by a dynamic graph (`backend.batch_one`) is saved with the
+fake values of its inputs only (the rest costs seconds to unpickle on a large model) and with
+where its batch sizes go and which dynamic graph served it; loaded after that graph, it is
+served by it again without matching the nodes.
 
     compiled = torch.compile(fn, backend=saving_backend(options), fullgraph=True)
     with torch._dynamo.config.patch(enable_aot_compile=True): ...   # see backend.precompile
@@ -34,11 +36,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from cgcompile.backend.batch_one import code_digest, dynamic_gm_of, serve_matched_batch_one
 from cgcompile.backend.entry import compile_dynamo_graph, cudagraph_modes
 from cgcompile.config import CompilationConfig
 from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE, PAD_ATTRIBUTE
 from cgcompile.runtime.compiled_graph import CompiledGraph
 from cgcompile.runtime.inputs import STATIC_ATTRIBUTE
+from cgcompile.runtime.padded_batch_one import PaddedBatchOne
 
 _DROPPED_META = ("source_fn_stack", "nn_module_stack")
 """Node metadata that holds module objects and classes; nothing in the backend reads it."""
@@ -95,7 +99,11 @@ class SavedGraph(SerializableCallable):
             for module, values in state["config"].items():
                 stack.enter_context(_CONFIGS[module].patch(values))
             config = CompilationConfig.from_options(state["options"])
-            compiled = compile_dynamo_graph(gm, examples, config, state["analyses"])
+            served = state.get("batch_one")
+            if served is not None:
+                compiled = serve_matched_batch_one(gm, examples, config, *served)
+            else:
+                compiled = compile_dynamo_graph(gm, examples, config, state["analyses"])
         if isinstance(compiled, CompiledGraph):
             compiled.report.precompiled = True
         return cls(compiled, data)
@@ -109,21 +117,42 @@ def saving_backend(
     options = dict(options or {})
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> SavedGraph:
-        state = _state(gm, example_inputs, options)  # before compiling: passes annotate gm
+        _drop_meta(gm)
+        graph = _pickled(gm)  # before compiling: passes annotate gm
         compiled = cudagraph_modes(gm, example_inputs, options)
+        state = _state(graph, example_inputs, options)
         state["analyses"] = getattr(compiled, "analyses", None)  # a batch-1 graph served: none
+        if isinstance(compiled, PaddedBatchOne):
+            state["graph"] = _pickled(gm, inputs_only=True)
+            state["batch_one"] = (
+                compiled.size_positions,
+                code_digest(dynamic_gm_of(compiled.graph)),
+            )
         return SavedGraph(compiled, pickle.dumps(state))
 
     return backend
 
 
-def _state(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any]
-) -> dict[str, Any]:
+def _drop_meta(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         for key in _DROPPED_META:
             node.meta.pop(key, None)
-    graph = _Pickler.dumps(gm, Options(ops_filter=None))
+
+
+def _pickled(gm: fx.GraphModule, inputs_only: bool = False) -> bytes:
+    """`gm` pickled with its nodes' metadata, or (`inputs_only`) its placeholders' alone."""
+    kept = [n for n in gm.graph.nodes if inputs_only and n.op != "placeholder"]
+    metas = [n.meta for n in kept]
+    for node in kept:
+        node.meta = {}
+    try:
+        return _Pickler.dumps(gm, Options(ops_filter=None))
+    finally:
+        for node, meta in zip(kept, metas, strict=True):
+            node.meta = meta
+
+
+def _state(graph: bytes, example_inputs: Sequence[Any], options: dict[str, Any]) -> dict[str, Any]:
     config = {
         module.__name__: {key: getattr(module, key) for key in keys if hasattr(module, key)}
         for module, keys in _CACHE_KEYED_CONFIG.items()

@@ -33,6 +33,7 @@ class PaddedBatchOne:
         self, graph: CompiledGraph, size_positions: tuple[int, ...], traced: Callable[..., Any]
     ) -> None:
         self.graph = graph
+        self.size_positions = size_positions
         self.__wrapped__ = graph  # what `cgcompile.trusted` binds
         self.traced = traced
         self._cuts = tuple(p - k for k, p in enumerate(size_positions))

@@ -108,6 +108,9 @@ run loop4 decode-loop-4x512.log python benchmarks/decode_loop.py --out "$out" --
 # not in the default stages: time to ready from fresh processes, cold, warm on the same
 # caches, warm from a saved compile cache (STAGES=coldwarm)
 run coldwarm cold-warm.log python benchmarks/cold_warm.py --out "$out"
+# warm restart: cold and warm just in time, then precompiled (STAGES=aot: about 4 minutes)
+run aot cold-warm-aot.log python benchmarks/cold_warm.py --out "$out" --soak 200 \
+  --phases cold warm-local aot-cold aot-warm-local aot-warm-file
 # the cold phase again with cuDNN attention off (STAGES=coldwarm-nocudnn): what it costs capture_all
 run coldwarm-nocudnn cold-warm-no-cudnn.log python benchmarks/cold_warm.py --out "$out" \
   --phases cold --soak 200 --no-cudnn-sdp

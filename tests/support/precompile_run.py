@@ -43,18 +43,23 @@ class _Warnings(logging.Handler):
 
 
 def _count_analyses() -> list[str]:
-    """The names of the backend's analyses (runs of a graph on fake tensors) as they run."""
-    from cgcompile.backend import pipeline
+    """The names of the backend's analyses (runs of a graph on fake tensors) and node-by-node
+    batch-1 matches, as they run."""
+    from cgcompile.backend import batch_one, pipeline
 
     ran: list[str] = []
-    for name in ("find_effects", "with_pad_safety"):
-        original = getattr(pipeline, name)
+    for module, name in (
+        (pipeline, "find_effects"),
+        (pipeline, "with_pad_safety"),
+        (batch_one, "match_batch_one"),
+    ):
+        original = getattr(module, name)
 
         def counted(*args: object, _name: str = name, _original: object = original) -> object:
             ran.append(_name)
             return _original(*args)  # type: ignore[operator]
 
-        setattr(pipeline, name, counted)
+        setattr(module, name, counted)
     return ran
 
 
@@ -127,6 +132,7 @@ def main() -> None:
                 "warnings": warnings.messages,
                 "report": cgcompile.compiled_graphs()[0].format_report(),
                 "analyses_run": analyses_run,
+                "graphs_shared": cgcompile.counters.num_graphs_shared,
             }
         )
     )

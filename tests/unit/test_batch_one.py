@@ -267,3 +267,33 @@ def test_any_batch_sequence_after_the_first_compile_matches_eager_and_compiles_n
 
 
 _SHARED: dict[str, tuple] = {}
+
+
+def test_a_precompiled_batch_one_graph_is_served_only_by_the_graph_it_was_matched_with():
+    """A batch-1 graph rebuilt from a precompiled file skips the node-by-node match: it names
+    the dynamic graph that served it when saved (by its code), and no other serves it."""
+    from cgcompile.backend.batch_one import code_digest, dynamic_gm_of, serve_matched_batch_one
+    from cgcompile.config import CompilationConfig
+    from cgcompile.errors import CGCompileError
+
+    compiled, model, reference = _llama_pair("FULL")
+    with torch.no_grad():
+        _step(compiled, reference, 8)
+    (graph,) = cgcompile.compiled_graphs()
+    config = CompilationConfig.from_options({**SIM, "cudagraph_mode": "FULL"})
+    dynamic_gm = dynamic_gm_of(graph)
+    served = []
+
+    def rebuild(gm, example_inputs):  # as the load does, with Dynamo's batch-1 graph
+        positions = match_batch_one(dynamic_gm, gm, graph.plan.batch_exprs).size_positions
+        with pytest.raises(CGCompileError, match="not loaded"):
+            serve_matched_batch_one(gm, example_inputs, config, positions, "0" * 64)
+        digest = code_digest(dynamic_gm)
+        served.append(serve_matched_batch_one(gm, example_inputs, config, positions, digest))
+        return served[-1]
+
+    tokens, positions = make_inputs(CFG, 1, "cpu")
+    with torch.no_grad():
+        out = torch.compile(copy.deepcopy(model), backend=rebuild)(tokens, positions)
+        torch.testing.assert_close(out, reference(tokens, positions))
+    assert served[0].graph is graph
