@@ -175,6 +175,8 @@ def recorded_args(item: SplitItem, graph_args: Sequence[Any], fake_mode: Any) ->
     other symbols."""
     args = []
     placeholders = item.graph.graph.find_nodes(op="placeholder")
+    if len(placeholders) != len(item.input_args):
+        return None
     for node, graph_input in zip(placeholders, item.input_args, strict=True):
         if graph_input is not None:
             args.append(graph_args[graph_input])
