@@ -140,7 +140,9 @@ def test_a_placeholder_without_a_fake_value_runs_the_split_graph(
     runs = []
     original_run = piece_compiler._Interpreter.run
     monkeypatch.setattr(
-        piece_compiler._Interpreter, "run", lambda self, *a: runs.append(1) or original_run(self, *a)
+        piece_compiler._Interpreter,
+        "run",
+        lambda self, *a: runs.append(1) or original_run(self, *a),
     )
 
     def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
