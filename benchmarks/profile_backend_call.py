@@ -1,9 +1,17 @@
-"""Where the backend's own host time per call goes at two depths: cProfile of a compiled
-graph called with the arguments Dynamo passes (no Dynamo), batch 1, the GPU idle before each
-call. The example Llama (hidden 1024, bf16, KV cache written in place), FULL, eager pieces, one
-process per depth. Prints the median host us of the call and its costliest functions.
+"""Why a replayed FULL call costs more host time than a hand-captured graph: the backend's call
+against a hand graph of the same model, at two depths, one process per depth.
 
-    python benchmarks/profile_backend_call.py [--layers 16 64] [--mode FULL]
+The example Llama (hidden 1024, bf16, KV cache written in place), FULL, eager pieces, batch 1,
+the GPU idle before each call. In four alternating blocks (the host's speed drifts), median
+host us of: cgcompile's compiled graph called with the arguments Dynamo passes (no Dynamo);
+its captured graph's bare replay; the hand graph's copy + replay and its bare replay; and the
+hand graph's function recorded by cgcompile's CUDA runtime (its side stream, shared pool,
+thread-local capture mode), replayed bare: if that one is slow, the capture settings are the
+cause, else the graph's content. Then the CUDA kernels one replay of each graph launches
+(torch.profiler) and a cProfile of cgcompile's call. `--batch-one own`: batch 1 compiled on its
+own instead of replaying the dynamic graph padded to 2 rows.
+
+    python benchmarks/profile_backend_call.py [--layers 16 64] [--batch-one own]
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
 
 
-def one(layers: int, mode: str) -> None:
+def one(layers: int, batch_one: str) -> None:
     from cgcompile.runtime.compiled_graph import CompiledGraph
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a smoke test
@@ -34,11 +43,16 @@ def one(layers: int, mode: str) -> None:
     if device == "cpu":
         cfg = LlamaConfig(num_layers=layers, hidden=64, heads=4, ffn=128, vocab=256, cache_len=64)
     model = Llama(cfg).to(device, torch.bfloat16).eval()
-    options = {"cudagraph_mode": mode, "compiler": "eager", "cudagraph_capture_sizes": [1, 8]}
+    options = {
+        "cudagraph_mode": "FULL",
+        "compiler": "eager",
+        "cudagraph_capture_sizes": [1, 8],
+        "batch_one": batch_one,
+    }
     if device == "cpu":
         options["graph_runtime"] = "simulated"
     compiled = torch.compile(model, backend="cudagraph_modes", options=options)
-    seen: list[tuple[Any, ...]] = []
+    seen: list[tuple[Any, tuple[Any, ...]]] = []
     original = CompiledGraph.__call__
 
     def record(self: CompiledGraph, *args: Any) -> Any:
@@ -56,47 +70,77 @@ def one(layers: int, mode: str) -> None:
         CompiledGraph.__call__ = original  # type: ignore[method-assign]
         graph, args = seen[-1]
         call = lambda: graph(*args)  # noqa: E731
-        us = _median_us(call, device, 300)
-        if device == "cuda":  # cgcompile's graph against a hand-captured one, in turns
-            from benchmarks._user_peers import make_peer
-
-            hand = make_peer("hand", model, sizes=[1], compiler="eager")
-            hand.step(tokens, positions)
-            (ready,) = [r for r in graph._ready.values() if r.graph is not None and r.n == 1]
-            rows: dict[str, list[float]] = {}
-            for _ in range(4):
-                for name, fn in (
-                    ("cgcompile call", call),
-                    ("cgcompile graph replay", ready.graph.replay),
-                    ("hand copy + replay", lambda: hand.step(tokens, positions)),
-                    ("hand graph replay", hand.replay),
-                ):
-                    rows.setdefault(name, []).append(_median_us(fn, device, 100))
-            for name, values in rows.items():
-                print(f"  {layers} layers, {name}: {statistics.median(values):.1f} us")
-        slots = graph.instances
-        checks = slots.full_checks
+        print(f"== {layers} layers, batch_one={batch_one}: {len(args)} args")
+        if device == "cuda":
+            _against_hand(model, graph, call, tokens, positions, layers)
+        checks = graph.instances.full_checks
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(500):
-            if device == "cuda":
-                torch.cuda.synchronize()
+            _sync(device)
             call()
         profile.disable()
         text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
-    print(
-        f"== {layers} layers {mode}: {len(args)} args, backend call {us:.1f} us median, "
-        f"full instance checks in 500 calls: {slots.full_checks - checks}"
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(12)
+    print(f"  full instance checks in 500 calls: {graph.instances.full_checks - checks}")
+    print(text.getvalue()[-3000:])
+
+
+def _against_hand(
+    model: Llama, graph: Any, call: Callable[[], Any], tokens: Any, positions: Any, layers: int
+) -> None:
+    from benchmarks._user_peers import make_peer
+    from cgcompile.wrappers.cuda import CUDAGraphRuntime
+
+    hand = make_peer("hand", model, sizes=[1], compiler="eager")
+    hand.step(tokens, positions)
+    _, static, _ = next(iter(hand.compiled.graphs.values()))
+    recorded, _ = CUDAGraphRuntime().capture(
+        lambda: hand.compiled.fn(*static), (), weak_output=False
     )
-    print(text.getvalue()[-3500:])
+    recorded.replay()
+    n = tokens.shape[0]
+    (ready,) = [r for r in graph._ready.values() if r.graph is not None and r.n == n]
+    peers = {
+        "cgcompile call": call,
+        "cgcompile graph replay": ready.graph.replay,
+        "hand copy + replay": lambda: hand.step(tokens, positions),
+        "hand graph replay": hand.replay,
+        "hand function, cgcompile's capture, replay": recorded.replay,
+    }
+    times: dict[str, list[float]] = {name: [] for name in peers}
+    for _ in range(4):
+        for name, fn in peers.items():
+            times[name].append(_median_us(fn, "cuda", 100))
+    kernels = {
+        "cgcompile graph replay": _kernels(ready.graph.replay),
+        "hand graph replay": _kernels(hand.replay),
+        "hand function, cgcompile's capture, replay": _kernels(recorded.replay),
+    }
+    for name, values in times.items():
+        count = f", {kernels[name]} kernels" if name in kernels else ""
+        print(f"  {layers} layers, {name}: {statistics.median(values):.1f} us{count}")
 
 
-def _median_us(call: Any, device: str, calls: int) -> float:
+def _kernels(replay: Callable[[], Any]) -> int:
+    """CUDA kernels (and memcpy/memset) one replay launches, by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median_us(call: Callable[[], Any], device: str, calls: int) -> float:
     times = []
     for _ in range(calls):
-        if device == "cuda":
-            torch.cuda.synchronize()
+        _sync(device)
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
@@ -106,14 +150,14 @@ def _median_us(call: Any, device: str, calls: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--mode", default="FULL")
+    parser.add_argument("--batch-one", default="padded", choices=["padded", "own"])
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        one(args.one, args.mode)
+        one(args.one, args.batch_one)
         return
     for layers in args.layers:  # one process per depth
-        cmd = [sys.executable, __file__, "--one", str(layers), "--mode", args.mode]
+        cmd = [sys.executable, __file__, "--one", str(layers), "--batch-one", args.batch_one]
         subprocess.run(cmd, check=False)
 
 

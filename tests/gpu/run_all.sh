@@ -111,6 +111,10 @@ run coldwarm cold-warm.log python benchmarks/cold_warm.py --out "$out"
 # warm restart: cold and warm just in time, then precompiled (STAGES=aot: about 4 minutes)
 run aot cold-warm-aot.log python benchmarks/cold_warm.py --out "$out" --soak 200 \
   --phases cold warm-local aot-cold aot-warm-local aot-warm-file
+# not in the default stages: a FULL call against a hand graph of the same model, 16 and 64
+# layers, batch 1 padded to 2 rows and compiled on its own (STAGES=backendcall: ~4 minutes)
+run backendcall backend-call.log python benchmarks/profile_backend_call.py
+run backendcall backend-call-own.log python benchmarks/profile_backend_call.py --batch-one own
 # the cold phase again with cuDNN attention off (STAGES=coldwarm-nocudnn): what it costs capture_all
 run coldwarm-nocudnn cold-warm-no-cudnn.log python benchmarks/cold_warm.py --out "$out" \
   --phases cold --soak 200 --no-cudnn-sdp
