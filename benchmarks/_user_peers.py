@@ -17,6 +17,7 @@ so in one process Dynamo never walks another peer's cache entries on a call:
 - `cg/MODE`: `torch.compile(backend="cudagraph_modes")` in that mode (Inductor pieces), called
   bare; FULL_AND_PIECEWISE and FULL_DECODE_ONLY inside `batch_hint(uniform_decode=True)` (the
   example's flat tokens do not show a decode step); `cg/MODE/trusted` with `cgcompile.trusted`;
+  `cg/MODE/own` with batch 1 compiled on its own (`batch_one="own"`, not padded to 2 rows);
   `cg/MODE/precompiled` through `cgcompile.precompile` (AOT-compiled, guards checked by it).
 
     peer = make_peer("cg/FULL", model_copy, sizes=[1, 8])
@@ -184,12 +185,20 @@ def _reduce_overhead(model: Llama) -> Peer:
 
 
 def _cgcompile(
-    model: Llama, mode: str, sizes: Sequence[int], trusted: bool, compiler: str, runtime: str
+    model: Llama,
+    mode: str,
+    sizes: Sequence[int],
+    trusted: bool,
+    compiler: str,
+    runtime: str,
+    batch_one: str | None = None,
 ) -> Peer:
     import cgcompile
 
     options = {"cudagraph_mode": mode, "cudagraph_capture_sizes": sorted(sizes)}
     options.update(compiler=compiler, graph_runtime=runtime)
+    if batch_one is not None:  # "cg/MODE/own": batch 1 compiled on its own, not padded to 2 rows
+        options["batch_one"] = batch_one
     compiled = torch.compile(own_code(model), backend="cudagraph_modes", options=options)
     target = cgcompile.trusted(compiled) if trusted else compiled
     # the example's tokens are flat ([n]): only the modes with decode-only graphs need the hint
@@ -207,7 +216,8 @@ def _cgcompile(
         with cgcompile.batch_hint(uniform_decode=True):
             return target(tokens, positions)
 
-    return Peer(f"cg/{mode}" + ("/trusted" if trusted else ""), step, compiled)
+    name = f"cg/{mode}" + ("/own" if batch_one else "") + ("/trusted" if trusted else "")
+    return Peer(name, step, compiled)
 
 
 def _precompiled(
@@ -264,8 +274,9 @@ def make_peer(
         peer = _precompiled(model, name.split("/")[1], sizes, compiler, graph_runtime)
     elif name.startswith("cg/"):
         parts = name.split("/")
-        trusted = parts[-1] == "trusted"
-        peer = _cgcompile(model, parts[1], sizes, trusted, compiler, graph_runtime)
+        trusted = "trusted" in parts
+        batch_one = "own" if "own" in parts else None
+        peer = _cgcompile(model, parts[1], sizes, trusted, compiler, graph_runtime, batch_one)
     else:
         raise ValueError(f"unknown peer {name!r}")
     peer.cfg = model.cfg

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ def one(layers: int, batch_one: str) -> None:
         call = lambda: graph(*args)  # noqa: E731
         print(f"== {layers} layers, batch_one={batch_one}: {len(args)} args")
         if device == "cuda":
-            _against_hand(model, graph, call, tokens, positions, layers)
+            _against_hand(model, graph, call, args, tokens, positions, layers)
         checks = graph.instances.full_checks
         profile = cProfile.Profile()
         profile.enable()
@@ -87,7 +88,13 @@ def one(layers: int, batch_one: str) -> None:
 
 
 def _against_hand(
-    model: Llama, graph: Any, call: Callable[[], Any], tokens: Any, positions: Any, layers: int
+    model: Llama,
+    graph: Any,
+    call: Callable[[], Any],
+    args: tuple[Any, ...],
+    tokens: Any,
+    positions: Any,
+    layers: int,
 ) -> None:
     from benchmarks._user_peers import make_peer
     from cgcompile.wrappers.cuda import CUDAGraphRuntime
@@ -101,35 +108,68 @@ def _against_hand(
     recorded.replay()
     n = tokens.shape[0]
     (ready,) = [r for r in graph._ready.values() if r.graph is not None and r.n == n]
+    others = [r for r in graph._ready.values() if r.graph is not None and r is not ready]
+    targets, sources = ready.targets, [args[i] for i in ready.sources]
     peers = {
         "cgcompile call": call,
         "cgcompile graph replay": ready.graph.replay,
+        "cgcompile input copy alone": lambda: torch._foreach_copy_(targets, sources),
         "hand copy + replay": lambda: hand.step(tokens, positions),
         "hand graph replay": hand.replay,
         "hand function, cgcompile's capture, replay": recorded.replay,
     }
+    for other in others:
+        peers[f"cgcompile graph of {other.n} rows (padded {other.padded}) replay"] = (
+            other.graph.replay
+        )
     times: dict[str, list[float]] = {name: [] for name in peers}
     for _ in range(4):
         for name, fn in peers.items():
-            times[name].append(_median_us(fn, "cuda", 100))
-    kernels = {
-        "cgcompile graph replay": _kernels(ready.graph.replay),
-        "hand graph replay": _kernels(hand.replay),
-        "hand function, cgcompile's capture, replay": _kernels(recorded.replay),
+            times[name] += _samples_us(fn, "cuda", 100)
+    graphs = {
+        "cgcompile graph replay": ready.graph.replay,
+        "hand graph replay": hand.replay,
+        "hand function, cgcompile's capture, replay": recorded.replay,
     }
+    kernels = {name: _kernels(fn) for name, fn in graphs.items()}
     for name, values in times.items():
-        count = f", {kernels[name]} kernels" if name in kernels else ""
-        print(f"  {layers} layers, {name}: {statistics.median(values):.1f} us{count}")
+        q = statistics.quantiles(values, n=10)
+        extra = ""
+        if name in graphs:
+            extra = f", {sum(kernels[name].values())} kernels, GPU {_gpu_us(graphs[name]):.0f} us"
+        print(
+            f"  {layers} layers, {name}: {statistics.median(values):.1f} us "
+            f"(p10 {q[0]:.1f}, p90 {q[-1]:.1f}, mean {statistics.fmean(values):.1f}){extra}"
+        )
+    ours, theirs = kernels["cgcompile graph replay"], kernels["hand graph replay"]
+    diff = (ours - theirs) + (theirs - ours)
+    print(f"  kernels launched by one graph and not the other: {sum(diff.values())}")
+    for name in sorted(diff, key=lambda k: -diff[k])[:8]:
+        print(f"    {ours[name]:4d} cgcompile / {theirs[name]:4d} hand: {name[:110]}")
 
 
-def _kernels(replay: Callable[[], Any]) -> int:
-    """CUDA kernels (and memcpy/memset) one replay launches, by torch.profiler."""
+def _gpu_us(replay: Callable[[], Any]) -> float:
+    """Median GPU time of one replay (CUDA events)."""
+    values = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        values.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(values)
+
+
+def _kernels(replay: Callable[[], Any]) -> Counter[str]:
+    """CUDA kernels (and memcpy/memset) one replay launches, by name (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         replay()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    cuda = torch.autograd.DeviceType.CUDA
+    return Counter(e.name for e in prof.events() if e.device_type == cuda)
 
 
 def _sync(device: str) -> None:
@@ -137,14 +177,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _median_us(call: Callable[[], Any], device: str, calls: int) -> float:
+def _samples_us(call: Callable[[], Any], device: str, calls: int) -> list[float]:
     times = []
     for _ in range(calls):
         _sync(device)
         start = time.perf_counter()
         call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+        times.append((time.perf_counter() - start) * 1e6)
+    return times
 
 
 def main() -> None:
