@@ -26,6 +26,7 @@ from cgcompile.config import CompilationConfig
 from cgcompile.counters import counters
 from cgcompile.errors import CGCompileError
 from cgcompile.passes.batch_one import match_batch_one
+from cgcompile.passes.split import generated_forward
 from cgcompile.runtime.compiled_graph import CompiledGraph
 from cgcompile.runtime.inputs import InputPlan
 from cgcompile.runtime.padded_batch_one import PaddedBatchOne
@@ -74,7 +75,7 @@ def _serve(graph: CompiledGraph, size_positions: tuple[int, ...], gm: fx.GraphMo
     counters.num_graphs_seen += 1
     counters.num_graphs_shared += 1
     graph.report.serves_batch_one = True
-    return PaddedBatchOne(graph, size_positions, gm.forward)
+    return PaddedBatchOne(graph, size_positions, generated_forward(gm))
 
 
 def serve_batch_one(

@@ -25,7 +25,7 @@ from cgcompile.backend.dry_run import shapes_only
 from cgcompile.backend.piece_compiler import PieceRunner, compile_pieces, count_compilations
 from cgcompile.config import CompilationConfig, CUDAGraphMode
 from cgcompile.passes.op_match import OpMatcher
-from cgcompile.passes.split import SplitResult, split_graph
+from cgcompile.passes.split import SplitResult, generated_forward, split_graph
 from cgcompile.runtime.report import PieceInfo
 from cgcompile.wrappers.partition_adapter import WrapperFactory
 
@@ -50,7 +50,7 @@ def build_split(request: BuildRequest) -> Built:
         whole, whole_runners = _compile(request, OpMatcher(()))
         parts["whole graph"] = time.perf_counter() - start
         _install_pieces(whole, whole_runners, CUDAGraphMode.FULL, request.make_wrapper, ())
-        full_runnable = whole.split_gm.forward
+        full_runnable = generated_forward(whole.split_gm)
         counts["num_backend_compilations"] += count_compilations(whole_runners)
     pieces = [
         PieceInfo(
@@ -61,9 +61,8 @@ def build_split(request: BuildRequest) -> Built:
         )
         for item in split.items
     ]
-    # forward: no nn.Module.__call__ per call
     return Built(
-        split.split_gm.forward,
+        generated_forward(split.split_gm),
         pieces,
         counts,
         full_runnable=full_runnable,
@@ -121,4 +120,4 @@ def _install_pieces(
         # An instance attribute wins over nn.Module's submodule lookup in forward().
         split.split_gm.__dict__[item.name] = piece
     for item in split.splitting:  # eager attention: skip nn.Module.__call__ per call
-        split.split_gm.__dict__[item.name] = item.graph.forward
+        split.split_gm.__dict__[item.name] = generated_forward(item.graph)

@@ -30,7 +30,7 @@ import torch
 from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
 
-from cgcompile.passes.split import SplitItem, SplitResult, graph_signature
+from cgcompile.passes.split import SplitItem, SplitResult, generated_forward, graph_signature
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def _layout(args: Sequence[Any]) -> tuple[Any, ...]:
 def compile_one(gm: fx.GraphModule, args: Sequence[Any], compiler: str) -> Compiled:
     """Compile a piece for the (fake, symbolic) args it receives."""
     if compiler == "eager":
-        return gm.forward  # the bound method: no nn.Module.__call__ overhead per call
+        return generated_forward(gm)
     from torch._inductor.compile_fx import compile_fx
 
     return compile_fx(gm, list(args))

@@ -54,6 +54,7 @@ from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import ConfigError
 from cgcompile.passes.mutation import ANALYSIS_ERRORS, Effects, find_effects
 from cgcompile.passes.op_match import OpMatcher, unknown_op_names
+from cgcompile.passes.split import generated_forward
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
 from cgcompile.runtime.compiled_graph import CompiledGraph
 from cgcompile.runtime.inputs import InputPlan
@@ -131,7 +132,7 @@ def compile_graph(
     note_compiled(graph_id)
     report.pad_unsafe = plan.pad_unsafe
     _log_resolution(graph_id, resolution, attention, built)
-    shapes_only, traced = built.shapes_only, gm.forward
+    shapes_only, traced = built.shapes_only, generated_forward(gm)
     graph = CompiledGraph(
         runnable, dispatcher, plan, report, wrappers, runtime, shapes_only, traced
     )

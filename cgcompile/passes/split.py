@@ -29,7 +29,7 @@ import copy
 import dataclasses
 import logging
 import operator
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -98,6 +98,17 @@ def split_graph(gm: fx.GraphModule, matcher: OpMatcher) -> SplitResult:
         items.append(_make_item(split_gm, index, call, items, matcher))
     logger.debug("split into %d pieces: %s", len(items), [i.ops or i.name for i in items])
     return SplitResult(split_gm, items)
+
+
+def generated_forward(gm: fx.GraphModule) -> Callable[..., Any]:
+    """`gm`'s generated `forward`, bound: calling it skips `nn.Module.__call__` (hooks, tracing
+    checks). A lazily recompiled GraphModule's `forward` is a stub that recompiles and then calls
+    the module, every call, so it is recompiled first. Take it after the last change to `gm`'s
+    graph: a later `recompile()` replaces the code, not this bound method."""
+    recompile = getattr(gm, "real_recompile", None)
+    if recompile is not None:
+        recompile()
+    return gm.forward
 
 
 def decompose_sizes(gm: fx.GraphModule) -> None:
