@@ -7,9 +7,13 @@ host us of: cgcompile's compiled graph called with the arguments Dynamo passes (
 its captured graph's bare replay; the hand graph's copy + replay and its bare replay; and the
 hand graph's function recorded by cgcompile's CUDA runtime (its side stream, shared pool,
 thread-local capture mode), replayed bare: if that one is slow, the capture settings are the
-cause, else the graph's content. Then the CUDA kernels one replay of each graph launches
-(torch.profiler) and a cProfile of cgcompile's call. `--batch-one own`: batch 1 compiled on its
-own instead of replaying the dynamic graph padded to 2 rows.
+cause, else the graph's content. Each with its spread and the thread's CPU time per call (a
+process whose every call reads slow on both clocks runs slow code; on the wall clock alone, it
+waits). Then the kernels one replay of each graph launches (torch.profiler: count, and the names
+the two graphs differ in), its GPU time (CUDA events) and a cProfile of cgcompile's call.
+`--batch-one own`: batch 1 compiled on its own instead of replaying the dynamic graph padded to
+2 rows (on 2026-12-03 that graph launched like the hand graph; the padded one took SDPA's cuDNN
+kernel and ~1.2 us more launch per layer).
 
     python benchmarks/profile_backend_call.py [--layers 16 64] [--batch-one own]
 """
@@ -123,9 +127,12 @@ def _against_hand(
             other.graph.replay
         )
     times: dict[str, list[float]] = {name: [] for name in peers}
+    cpu: dict[str, list[float]] = {name: [] for name in peers}
     for _ in range(4):
         for name, fn in peers.items():
-            times[name] += _samples_us(fn, "cuda", 100)
+            wall, thread = _samples_us(fn, 100)
+            times[name] += wall
+            cpu[name] += thread
     graphs = {
         "cgcompile graph replay": ready.graph.replay,
         "hand graph replay": hand.replay,
@@ -139,7 +146,8 @@ def _against_hand(
             extra = f", {sum(kernels[name].values())} kernels, GPU {_gpu_us(graphs[name]):.0f} us"
         print(
             f"  {layers} layers, {name}: {statistics.median(values):.1f} us "
-            f"(p10 {q[0]:.1f}, p90 {q[-1]:.1f}, mean {statistics.fmean(values):.1f}){extra}"
+            f"(p10 {q[0]:.1f}, p90 {q[-1]:.1f}, mean {statistics.fmean(values):.1f}; "
+            f"thread CPU {statistics.median(cpu[name]):.1f}){extra}"
         )
     ours, theirs = kernels["cgcompile graph replay"], kernels["hand graph replay"]
     diff = (ours - theirs) + (theirs - ours)
@@ -177,14 +185,18 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _samples_us(call: Callable[[], Any], device: str, calls: int) -> list[float]:
-    times = []
+def _samples_us(call: Callable[[], Any], calls: int) -> tuple[list[float], list[float]]:
+    """Wall us per call, the GPU idle before each, and this thread's CPU us per call (which
+    leaves out time the thread spent off the CPU: preempted, or sleeping in a driver call)."""
+    times, cpu = [], []
     for _ in range(calls):
-        _sync(device)
+        torch.cuda.synchronize()
+        thread = time.thread_time_ns()
         start = time.perf_counter()
         call()
         times.append((time.perf_counter() - start) * 1e6)
-    return times
+        cpu.append((time.thread_time_ns() - thread) / 1e3)
+    return times, cpu
 
 
 def main() -> None:
