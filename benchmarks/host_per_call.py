@@ -10,8 +10,10 @@ model in the same process (copy + replay, no Dynamo): processes of one run diffe
 by up to 5x as a whole (bare replay 5.3-32.6 us on 2026-12-02), so peers of different
 processes compare by their ratio to it (`vs_hand`). Each peer runs in `--rounds` processes, the
 peers taking turns in alternating order; the round with the least ratio is reported, every
-round kept. `--cpu K` pins the timing to core K (on the H200 machine pinned processes read 3-5x
-slower: left off by default). Peers (`_user_peers`): the hand graph's bare
+round kept. Beside each wall-clock median, the thread's CPU time per call (`host_cpu_us`,
+`hand_cpu_us`): a slow process whose CPU clock agrees runs slow code; one whose CPU clock is
+lower waits (preempted, or sleeping in a driver call). `--cpu K` pins the timing to core K
+(on the H200 machine pinned processes read 3-5x slower: left off by default). Peers (`_user_peers`): the hand graph's bare
 `replay()` (`--peers hand`: its copy + replay), the 10-line backend with and without guards,
 reduce-overhead, cgcompile FULL, FULL_AND_PIECEWISE and PIECEWISE, and FULL/PIECEWISE under
 `cgcompile.trusted`.
@@ -67,27 +69,34 @@ DEEP_PEERS = ["tenline", "cg/FULL", "cg/FULL/trusted"]  # for the 64-layer model
 
 def host_us(call: Callable[[], Any], calls: int) -> float:
     """Median host microseconds of `call`, the GPU idle before each."""
-    return statistics.median(_samples(call, calls)) * 1e6
+    return statistics.median(_samples(call, calls)[0]) * 1e6
 
 
-def _samples(call: Callable[[], Any], calls: int) -> list[float]:
-    times = []
+def _samples(call: Callable[[], Any], calls: int) -> tuple[list[float], list[float]]:
+    """Seconds per call on the wall clock and on this thread's CPU clock (which leaves out time
+    off the CPU: preempted, or sleeping in a driver call)."""
+    times, cpu = [], []
     for _ in range(calls):
         torch.cuda.synchronize()
+        thread = time.thread_time()
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - thread)
     torch.cuda.synchronize()
-    return times
+    return times, cpu
 
 
-def _in_turns(calls: int, *steps: Callable[[], Any]) -> list[float]:
-    """Median host us of each step, timed in four alternating blocks (drift hits all alike)."""
-    times: list[list[float]] = [[] for _ in steps]
+def _in_turns(calls: int, *steps: Callable[[], Any]) -> list[tuple[float, float]]:
+    """Median host us of each step, wall and thread CPU, timed in four alternating blocks
+    (drift hits all alike)."""
+    times: list[tuple[list[float], list[float]]] = [([], []) for _ in steps]
     for _ in range(4):
-        for step, samples in zip(steps, times, strict=True):
-            samples += _samples(step, max(1, calls // 4))
-    return [statistics.median(samples) * 1e6 for samples in times]
+        for step, (wall, cpu) in zip(steps, times, strict=True):
+            more_wall, more_cpu = _samples(step, max(1, calls // 4))
+            wall += more_wall
+            cpu += more_cpu
+    return [(statistics.median(w) * 1e6, statistics.median(c) * 1e6) for w, c in times]
 
 
 def _model(layers: int) -> Llama:
@@ -123,8 +132,11 @@ def _timed(
     with torch.no_grad():
         result: dict[str, Any] = {"peer": name, "layers": layers}
         step = peer.replay if name == "replay" else lambda: peer.step(tokens, positions)
-        us, hand = _in_turns(calls, step, lambda: yardstick.step(tokens, positions))
+        (us, cpu_us), (hand, hand_cpu) = _in_turns(
+            calls, step, lambda: yardstick.step(tokens, positions)
+        )
         result.update(host_us=us, hand_us=hand, vs_hand=us / hand)
+        result.update(host_cpu_us=cpu_us, hand_cpu_us=hand_cpu)
         if name.startswith("cg/"):
             result.update(_breakdown(peer, model, tokens, positions, calls))
     return result
