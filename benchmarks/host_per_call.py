@@ -13,10 +13,11 @@ peers taking turns in alternating order; the round with the least ratio is repor
 round kept. Beside each wall-clock median, the thread's CPU time per call (`host_cpu_us`,
 `hand_cpu_us`): a slow process whose CPU clock agrees runs slow code; one whose CPU clock is
 lower waits (preempted, or sleeping in a driver call). `--cpu K` pins the timing to core K
-(on the H200 machine pinned processes read 3-5x slower: left off by default). Peers (`_user_peers`): the hand graph's bare
-`replay()` (`--peers hand`: its copy + replay), the 10-line backend with and without guards,
-reduce-overhead, cgcompile FULL, FULL_AND_PIECEWISE and PIECEWISE, and FULL/PIECEWISE under
-`cgcompile.trusted`.
+(on the H200 machine pinned processes read 3-5x slower: left off by default). Peers
+(`_user_peers`): the hand graph's bare `replay()` (`--peers hand`: its copy + replay), the
+10-line backend with and without guards, reduce-overhead, cgcompile FULL, FULL_AND_PIECEWISE
+and PIECEWISE, FULL/PIECEWISE under `cgcompile.trusted`, and `cg/FULL/own` (batch 1 compiled
+on its own, not padded to 2 rows).
 For cgcompile peers also: the backend alone (the compiled graph called with the arguments
 Dynamo passes), the bare replay of its graph, its fused input copy alone and an empty Python
 function called with the same arguments, so cgcompile's own time (`own_us`) is what is left;
