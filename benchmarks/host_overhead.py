@@ -10,6 +10,7 @@ to compare with. Prints microseconds per forward and a cProfile of the forward b
 
     python benchmarks/host_overhead.py [--mode PIECEWISE] [--layers 64] [--skip-module-guards]
     python benchmarks/host_overhead.py --entries    # 8 tokens with and without a batch-1 entry
+    python benchmarks/host_overhead.py --mode FULL --evict 16   # also warm against cold caches
 
 `--entries`: us per forward of 8 tokens before and after the model was also called at 1 token
 (Dynamo then keeps a second cache entry, checked first), and of 1 token.
@@ -136,6 +137,9 @@ def main() -> None:
     parser.add_argument("--sort", default="tottime", help="cProfile order, e.g. cumulative")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--entries", action="store_true", help="a batch-1 entry's cost")
+    parser.add_argument(
+        "--evict", type=int, default=0, metavar="MB", help="also time calls after writing MB"
+    )
     args = parser.parse_args()
     mode = args.mode
     pipeline.make_graph_runtime = lambda kind, device=None: NullRuntime()
@@ -156,6 +160,8 @@ def main() -> None:
     def step() -> Any:
         with cgcompile.batch_hint(uniform_decode=False):
             return compiled(tokens, positions)
+
+    step.inputs = (tokens, positions)  # type: ignore[attr-defined]
 
     layer = model.layers[0]
     query = layer.pre_attention(model.embed(tokens), positions)[1]
@@ -205,12 +211,47 @@ def main() -> None:
         checks = _address_checks(graph, ctx.cudagraph_runtime_mode)
         cost = tiers["manual mode"] - tiers["manual mode, no checks"]
         print(f"  manual mode checks {checks} addresses per forward: {cost:.1f} us")
+        if args.evict:
+            _evicted(mode, args.evict, step, no_dynamo, hand, cgcompile.trusted(compiled))
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(2000):
             step()
         profiler.disable()
     pstats.Stats(profiler).sort_stats(args.sort).print_stats(25)
+
+
+def _evicted(mode: str, mb: int, step: Any, no_dynamo: Any, hand: Any, fast: Any) -> None:
+    """Each tier timed call by call, warm (right after a call of itself) and right after
+    writing `mb` MB of other memory, as a serving loop's other work between steps would;
+    `fast`: the compiled model under `cgcompile.trusted`, called with `step`'s inputs."""
+
+    def trusted() -> Any:
+        with cgcompile.batch_hint(uniform_decode=False):
+            return fast(*step.inputs)
+
+    tiers = {
+        "torch.compile'd model": step,
+        "cgcompile.trusted": trusted,
+        "CompiledGraph (no Dynamo)": no_dynamo,
+        "hand loop": hand,
+    }
+    buffer = torch.zeros(mb << 18)  # float32: mb MB
+    print(f"{mode}, us per forward, warm and after writing {mb} MB:")
+    for name, fn in tiers.items():
+        warm, cold = [], []
+        for _ in range(20):
+            fn()
+        for _ in range(500):
+            buffer.add_(1)
+            start = time.perf_counter()
+            fn()
+            cold.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            fn()
+            warm.append(time.perf_counter() - start)
+        warm_us, cold_us = statistics.median(warm) * 1e6, statistics.median(cold) * 1e6
+        print(f"  {name:28} {warm_us:8.1f} {cold_us:8.1f}")
 
 
 def _entries(cfg: LlamaConfig, mode: str) -> None:
