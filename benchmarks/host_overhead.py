@@ -161,8 +161,6 @@ def main() -> None:
         with cgcompile.batch_hint(uniform_decode=False):
             return compiled(tokens, positions)
 
-    step.inputs = (tokens, positions)  # type: ignore[attr-defined]
-
     layer = model.layers[0]
     query = layer.pre_attention(model.embed(tokens), positions)[1]
     buffer = layer.attention(query).clone()
@@ -212,7 +210,15 @@ def main() -> None:
         cost = tiers["manual mode"] - tiers["manual mode, no checks"]
         print(f"  manual mode checks {checks} addresses per forward: {cost:.1f} us")
         if args.evict:
-            _evicted(mode, args.evict, step, no_dynamo, hand, cgcompile.trusted(compiled))
+            fast = cgcompile.trusted(compiled)
+
+            def trusted() -> Any:
+                with cgcompile.batch_hint(uniform_decode=False):
+                    return fast(tokens, positions)
+
+            cold = {"torch.compile'd model": step, "cgcompile.trusted": trusted}
+            cold.update({"CompiledGraph (no Dynamo)": no_dynamo, "hand loop": hand})
+            _evicted(mode, args.evict, cold)
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(2000):
@@ -221,21 +227,9 @@ def main() -> None:
     pstats.Stats(profiler).sort_stats(args.sort).print_stats(25)
 
 
-def _evicted(mode: str, mb: int, step: Any, no_dynamo: Any, hand: Any, fast: Any) -> None:
+def _evicted(mode: str, mb: int, tiers: dict[str, Callable[[], Any]]) -> None:
     """Each tier timed call by call, warm (right after a call of itself) and right after
-    writing `mb` MB of other memory, as a serving loop's other work between steps would;
-    `fast`: the compiled model under `cgcompile.trusted`, called with `step`'s inputs."""
-
-    def trusted() -> Any:
-        with cgcompile.batch_hint(uniform_decode=False):
-            return fast(*step.inputs)
-
-    tiers = {
-        "torch.compile'd model": step,
-        "cgcompile.trusted": trusted,
-        "CompiledGraph (no Dynamo)": no_dynamo,
-        "hand loop": hand,
-    }
+    writing `mb` MB of other memory, as a serving loop's other work between steps would."""
     buffer = torch.zeros(mb << 18)  # float32: mb MB
     print(f"{mode}, us per forward, warm and after writing {mb} MB:")
     for name, fn in tiers.items():
