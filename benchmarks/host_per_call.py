@@ -70,10 +70,10 @@ DEEP_PEERS = ["tenline", "cg/FULL", "cg/FULL/trusted"]  # for the 64-layer model
 
 def host_us(call: Callable[[], Any], calls: int) -> float:
     """Median host microseconds of `call`, the GPU idle before each."""
-    return statistics.median(_samples(call, calls)[0]) * 1e6
+    return statistics.median(samples(call, calls)[0]) * 1e6
 
 
-def _samples(call: Callable[[], Any], calls: int) -> tuple[list[float], list[float]]:
+def samples(call: Callable[[], Any], calls: int) -> tuple[list[float], list[float]]:
     """Seconds per call on the wall clock and on this thread's CPU clock (which leaves out time
     off the CPU: preempted, or sleeping in a driver call)."""
     times, cpu = [], []
@@ -94,7 +94,7 @@ def _in_turns(calls: int, *steps: Callable[[], Any]) -> list[tuple[float, float]
     times: list[tuple[list[float], list[float]]] = [([], []) for _ in steps]
     for _ in range(4):
         for step, (wall, cpu) in zip(steps, times, strict=True):
-            more_wall, more_cpu = _samples(step, max(1, calls // 4))
+            more_wall, more_cpu = samples(step, max(1, calls // 4))
             wall += more_wall
             cpu += more_cpu
     return [(statistics.median(w) * 1e6, statistics.median(c) * 1e6) for w, c in times]

@@ -27,7 +27,6 @@ import pstats
 import statistics
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.host_per_call import samples  # noqa: E402
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
 
 
@@ -130,9 +130,9 @@ def _against_hand(
     cpu: dict[str, list[float]] = {name: [] for name in peers}
     for _ in range(4):
         for name, fn in peers.items():
-            wall, thread = _samples_us(fn, 100)
-            times[name] += wall
-            cpu[name] += thread
+            wall, thread = samples(fn, 100)  # seconds
+            times[name] += [t * 1e6 for t in wall]
+            cpu[name] += [t * 1e6 for t in thread]
     graphs = {
         "cgcompile graph replay": ready.graph.replay,
         "hand graph replay": hand.replay,
@@ -183,20 +183,6 @@ def _kernels(replay: Callable[[], Any]) -> Counter[str]:
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def _samples_us(call: Callable[[], Any], calls: int) -> tuple[list[float], list[float]]:
-    """Wall us per call, the GPU idle before each, and this thread's CPU us per call (which
-    leaves out time the thread spent off the CPU: preempted, or sleeping in a driver call)."""
-    times, cpu = [], []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        thread = time.thread_time_ns()
-        start = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - start) * 1e6)
-        cpu.append((time.thread_time_ns() - thread) / 1e3)
-    return times, cpu
 
 
 def main() -> None:
