@@ -25,9 +25,13 @@ for PIECEWISE the replays of its pieces and its eager attention calls, so cgcomp
 per piece is what is left.
 
 With `--jobs J` J peer processes run at once: they compile side by side and time one at a time
-(`_turns`, with CGBENCH_TURNS set).
+(`_turns`, with CGBENCH_TURNS set). With `--together` every peer of a depth runs in one process
+(each on its own model copy and `forward` code, so Dynamo walks only its own cache entries),
+timed in turns with the others: peers then compare directly (`vs_tenline`), without the
+process-to-process spread of host speed.
 
     python benchmarks/host_per_call.py --out DIR [--layers 16 64] [--peers cg/FULL tenline]
+    python benchmarks/host_per_call.py --out DIR --together --peers tenline cg/FULL cg/FULL/own
 """
 
 from __future__ import annotations
@@ -123,6 +127,41 @@ def measure(name: str, layers: int, calls: int, cpu: int) -> dict[str, Any]:
             return _timed(name, layers, calls, model, peer, yardstick, tokens, positions)
 
 
+def measure_together(names: list[str], layers: int, calls: int) -> list[dict[str, Any]]:
+    """Every peer in this process, timed in turns with each other and the hand graph."""
+    preparing()
+    model = _model(layers)
+    peers = [
+        make_peer("hand" if name == "replay" else name, model, sizes=[1, 8], compiler="eager")
+        for name in names
+    ]
+    yardstick = make_peer("hand", model, sizes=[1, 8], compiler="eager")
+    tokens, positions = make_inputs(model.cfg, 1, "cuda")
+    with torch.no_grad():
+        for _ in range(10):
+            for peer in [*peers, yardstick]:
+                peer.step(tokens, positions)
+        torch.cuda.synchronize()
+        steps = [
+            peer.replay if name == "replay" else (lambda p=peer: p.step(tokens, positions))
+            for name, peer in zip(names, peers, strict=True)
+        ]
+        with timing_turn():
+            timed = _in_turns(calls, *steps, lambda: yardstick.step(tokens, positions))
+            (hand, hand_cpu), rows = timed[-1], []
+            for name, peer, (us, cpu_us) in zip(names, peers, timed, strict=True):
+                row = {"peer": name, "layers": layers, "host_us": us, "hand_us": hand}
+                row.update(vs_hand=us / hand, host_cpu_us=cpu_us, hand_cpu_us=hand_cpu)
+                if name.startswith("cg/"):
+                    row.update(_breakdown(peer, model, tokens, positions, calls, alone=False))
+                rows.append(row)
+    ten = next((r for r in rows if r["peer"] == "tenline"), None)
+    for row in rows:
+        if ten is not None:
+            row["vs_tenline"] = row["host_us"] / ten["host_us"]
+    return rows
+
+
 def _timed(
     name: str, layers: int, calls: int, model: Llama, peer: Any, yardstick: Any, *inputs: Any
 ) -> dict:
@@ -143,17 +182,20 @@ def _timed(
     return result
 
 
-def _breakdown(peer: Any, model: Llama, tokens: Any, positions: Any, calls: int) -> dict:
+def _breakdown(
+    peer: Any, model: Llama, tokens: Any, positions: Any, calls: int, alone: bool = True
+) -> dict:
     """The backend alone, its graph's bare replay, and for PIECEWISE its pieces."""
     import cgcompile
     from cgcompile.runtime.compiled_graph import CompiledGraph
 
-    graph = [g for g in cgcompile.compiled_graphs() if g._ready][-1]  # the one that replays
     seen: list[tuple[Any, ...]] = []
+    graphs: list[CompiledGraph] = []
     original = CompiledGraph.__call__
 
     def record(self: CompiledGraph, *args: Any) -> Any:
         seen.append(args)
+        graphs.append(self)
         return original(self, *args)
 
     CompiledGraph.__call__ = record  # type: ignore[method-assign]
@@ -161,6 +203,11 @@ def _breakdown(peer: Any, model: Llama, tokens: Any, positions: Any, calls: int)
         peer.step(tokens, positions)
     finally:
         CompiledGraph.__call__ = original  # type: ignore[method-assign]
+    # the graph this peer's call entered; a call that bound it before (trusted) is not seen:
+    # then the newest graph that replays, which is the peer's only when it is alone
+    if not graphs and not alone:
+        return {}
+    graph = graphs[-1] if graphs else [g for g in cgcompile.compiled_graphs() if g._ready][-1]
     out: dict[str, Any] = {}
     hinted = peer.name.startswith("cg/FULL_AND_PIECEWISE")  # as the peer's step calls it
     if seen:
@@ -213,10 +260,18 @@ def main() -> None:
     parser.add_argument(
         "--jobs", type=int, default=1, help="peer processes at once (timed in turns: _turns)"
     )
+    parser.add_argument("--together", action="store_true", help="all peers in one process")
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--all", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.one, args.layers[0], args.calls, args.cpu)))
+        return
+    if args.all:
+        print(json.dumps(measure_together(args.all, args.layers[0], args.calls)))
+        return
+    if args.together:
+        _together(args)
         return
     tasks = []  # a fresh process per peer and round, the order alternating by round
     for layers in args.layers:
@@ -251,6 +306,36 @@ def _one(name: str, layers: int, calls: int, cpu: int) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
+def _together(args: argparse.Namespace) -> None:
+    """One process per depth and round, every peer in it; the round whose hand graph ran
+    fastest is reported, every round's ratios kept."""
+    rows = []
+    for layers in args.layers:
+        names = args.peers or (PEERS if layers <= 16 else DEEP_PEERS)
+        runs = []
+        for r in range(args.rounds):
+            order = names if r % 2 == 0 else names[::-1]
+            cmd = [sys.executable, __file__, "--all", *order, "--layers", str(layers)]
+            run = subprocess.run(cmd + ["--calls", str(args.calls)], capture_output=True, text=True)
+            lines = run.stdout.strip().splitlines()
+            if run.returncode or not lines:
+                rows.append({"peer": "together", "layers": layers, "error": run.stderr[-800:]})
+                print(_line(rows[-1]), flush=True)
+                continue
+            runs.append(json.loads(lines[-1]))
+            for row in runs[-1]:
+                print(f"  round {r}: {_line(row)}", flush=True)
+        if runs:
+            best = min(runs, key=lambda rs: rs[0]["hand_us"])
+            for row in best:
+                same = [r for rs in runs for r in rs if r["peer"] == row["peer"]]
+                row["host_us_rounds"] = [r["host_us"] for r in same]
+                row["vs_tenline_rounds"] = [r.get("vs_tenline") for r in same]
+                rows.append(row)
+                print(_line(row), flush=True)
+    _write(args.out, rows, args.cpu)
+
+
 def _least(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The round with the least host time against its own hand graph (a process can run slow
     as a whole), with every round's figures in `host_us_rounds` and `vs_hand_rounds`."""
@@ -266,7 +351,10 @@ def _line(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"{row['layers']:3d} layers {row['peer']:24} ERROR {row['error'][-300:]}"
     extra = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k.endswith("_us") and k != "host_us")
-    extra += f" vs_hand={row['vs_hand']:.2f} rounds="
+    extra += f" vs_hand={row['vs_hand']:.2f}"
+    if "vs_tenline" in row:
+        extra += f" vs_tenline={row['vs_tenline']:.3f}"
+    extra += " rounds="
     extra += "/".join(f"{v:.0f}" for v in row.get("host_us_rounds", []))
     pieces = f" pieces={row['pieces']}" if "pieces" in row else ""
     return f"{row['layers']:3d} layers {row['peer']:24} {row['host_us']:8.1f} us  {extra}{pieces}"
@@ -286,9 +374,11 @@ def _write(out: Path, rows: list[dict[str, Any]], cpu: int) -> None:
     by = {(r["layers"], r["peer"]): r for r in rows if "host_us" in r}
     for layers in sorted({r["layers"] for r in rows}):
         ten = by.get((layers, "tenline"))
-        for name in ("cg/FULL", "cg/FULL_AND_PIECEWISE"):
+        for name in ("cg/FULL", "cg/FULL/own", "cg/FULL/trusted", "cg/FULL_AND_PIECEWISE"):
             full = by.get((layers, name))
-            if ten and full:
+            if ten and full and "vs_tenline" in full:
+                print(f"{layers} layers: {name} / tenline = {full['vs_tenline']:.3f} (one process)")
+            elif ten and full:
                 ratio = full["vs_hand"] / ten["vs_hand"]
                 print(f"{layers} layers: {name} / tenline = {ratio:.3f} (each vs its hand graph)")
 
