@@ -149,12 +149,16 @@ def measure_together(names: list[str], layers: int, calls: int) -> list[dict[str
         with timing_turn():
             timed = _in_turns(calls, *steps, lambda: yardstick.step(tokens, positions))
             (hand, hand_cpu), rows = timed[-1], []
-            for name, peer, (us, cpu_us) in zip(names, peers, timed, strict=True):
+            for name, (us, cpu_us) in zip(names, timed[:-1], strict=True):
                 row = {"peer": name, "layers": layers, "host_us": us, "hand_us": hand}
                 row.update(vs_hand=us / hand, host_cpu_us=cpu_us, hand_cpu_us=hand_cpu)
-                if name.startswith("cg/"):
-                    row.update(_breakdown(peer, model, tokens, positions, calls, alone=False))
                 rows.append(row)
+            for name, peer, row in zip(names, peers, rows, strict=True):
+                if name.startswith("cg/"):  # a failed breakdown keeps the timings
+                    try:
+                        row.update(_breakdown(peer, model, tokens, positions, calls, alone=False))
+                    except Exception as e:  # noqa: BLE001
+                        row["breakdown_error"] = repr(e)[-300:]
     ten = next((r for r in rows if r["peer"] == "tenline"), None)
     for row in rows:
         if ten is not None:
