@@ -205,7 +205,10 @@ class CompiledGraph:
             )
             if ready is not None:
                 self._ready[key] = ready
-        return outputs.hand_out(out, n, padded)
+        # a warm-up (no wrapper has a graph for the key yet) handed out eager memory
+        acting = [w for w in self.wrappers if w.runtime_mode is mode]
+        graphed = ctx.graph_key is None or any(ctx.graph_key in w.entries for w in acting)
+        return outputs.hand_out(out, n, padded, graphed=graphed)
 
     @property
     def copies_outputs(self) -> bool:

@@ -12,8 +12,10 @@ handed tensor keeps it alive, so a held view counts too). Before a replay the ba
 (`logits = compiled(x)` in a loop: the old `logits` is still bound during the next call) gets a
 copy of its data moved under it (`Tensor.set_`), so the caller keeps its values and the replay
 may write graph memory; one copy per held output, only when held. A held view of an output
-cannot be moved: that call runs without graphs, and this instance's outputs are copied out of
-graph memory from then on (`copies`), which is exact whatever the caller keeps. A caller that
+cannot be moved: it pins graph memory, so calls run without graphs until it is gone, and this
+instance's outputs are copied out of graph memory from then on (`copies`), which is exact
+whatever the caller keeps. A padded call hands out the real rows: in the steady state of a full
+graph, a prebuilt view of them (`row_view`) detached, which `release` counts as ours. A caller that
 drops each call's outputs before the next call, or keeps only what it derives from them
 (`logits.argmax(-1)`), stays on the zero-copy path. Outputs that are views of a copied input
 (`plan.buffer_outputs`) live in a static buffer the next call refills: they are always copied.
@@ -41,11 +43,39 @@ def _storage_users(t: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
+_ROW_VIEWS = "_cgcompile_row_views"
+"""Attribute of a full graph's output tensor: weak references to the views of its real rows
+that ready calls prebuilt (`row_view`), which share its storage."""
+
+
+def row_view(graph_output: torch.Tensor, n: int) -> torch.Tensor:
+    """A view of the first n rows of `graph_output`, kept by the caller and counted as ours
+    when `release` looks for views the caller made."""
+    view = graph_output[:n]
+    graph_output.__dict__.setdefault(_ROW_VIEWS, []).append(weakref.ref(view))
+    return view
+
+
 def _has_other_users(refs: tuple[weakref.ref[Any], ...]) -> bool:
-    """Whether tensors other than the live ones among `refs` (the graph's output, its root,
-    the handed tensor, all sharing one storage) use that storage: a view the caller made."""
+    """Whether tensors other than the live ones among `refs` (the handed tensor, its root,
+    the graph's output, all sharing one storage) and our prebuilt views of that output use the
+    storage: a view the caller made."""
     live = {id(t): t for t in (ref() for ref in refs) if t is not None}
-    return _storage_users(next(iter(live.values()))) > len(live) + 1
+    graph_output = refs[2]()
+    ours = sum(ref() is not None for ref in getattr(graph_output, _ROW_VIEWS, ()))
+    return _storage_users(next(iter(live.values()))) > len(live) + ours + 1
+
+
+def _move(handed: torch.Tensor, root: torch.Tensor) -> None:
+    """Put a copy of the data under `handed` and its root (whose view it is, when the batch
+    was padded): neither keeps graph memory alive afterwards."""
+    copy = torch.empty_strided(root.size(), root.stride(), dtype=root.dtype, device=root.device)
+    copy.copy_(root)
+    offset = handed.storage_offset() - root.storage_offset()
+    storage = copy.untyped_storage()
+    if handed is not root:
+        handed.set_(storage, offset, handed.size(), handed.stride())
+    root.set_(storage, 0, root.size(), root.stride())
 
 
 class Outputs:
@@ -60,46 +90,74 @@ class Outputs:
         self._held: list[tuple[weakref.ref[Any], ...]] = []
         """(handed tensor, its root, the graph's output) per output of the last call; the root
         lives while the handed tensor or any view of it does."""
+        self._held_in_graph_memory = True
+        """Whether the last call's outputs came from graphs (not from a warm-up run)."""
+        self._pinned: list[weakref.ref[Any]] = []
+        """Roots of held outputs that a caller's view kept in graph memory (`start_copying`)."""
 
     def still_held(self) -> bool:
-        """Whether the caller still references an output of the last graphed call."""
+        """Whether the caller still references an output of the last graphed call, or a view
+        of graph memory that could not be moved (`start_copying`)."""
         for refs in self._held:
             if refs[1]() is not None:
                 return True
-        return False
+        return bool(self._pinned) and self._still_pinned()
+
+    def _still_pinned(self) -> bool:
+        self._pinned = [root for root in self._pinned if root() is not None]
+        return bool(self._pinned)
 
     def release(self) -> bool:
         """Move a copy of its data under each held output, so the next replay may write graph
-        memory; False (nothing must replay) when a view of one is held, which cannot move."""
+        memory; False (nothing must replay) when a view of one is held, which cannot move, or
+        a pinned one is still alive."""
+        if self._pinned and self._still_pinned():
+            return False
         held = [refs for refs in self._held if refs[1]() is not None]
         if any(refs[0]() is None or _has_other_users(refs) for refs in held):
             return False
         try:
             for refs in held:
-                t = refs[0]()
-                copy = t.clone()
-                t.set_(copy.untyped_storage(), copy.storage_offset(), copy.shape, copy.stride())
+                _move(refs[0](), refs[1]())
         except RuntimeError:  # an inference tensor, now outside inference mode
             return False
         self._held = []
         return True
 
     def start_copying(self) -> None:
+        """Copy graph-memory outputs from now on; the held ones that could not be moved pin
+        the instance's graph memory: no graph may replay until they are gone."""
         self.copies = True
+        if self._held_in_graph_memory:
+            self._pinned += [refs[1] for refs in self._held if refs[1]() is not None]
         self._held = []
 
-    def hand_out(self, out: Sequence[Any], n: int, padded: int) -> list[Any]:
-        """The call's outputs for the caller: batch outputs sliced to the real rows n."""
+    def hand_out(
+        self,
+        out: Sequence[Any],
+        n: int,
+        padded: int,
+        rows: dict[int, Any] | None = None,
+        graphed: bool = True,
+    ) -> list[Any]:
+        """The call's outputs for the caller: batch outputs sliced to the real rows n. `rows`:
+        views of the real rows of handed batch outputs (`row_view`; a full graph's replays
+        return the same tensors), detached as they are instead of detached and then sliced.
+        `graphed`: False when no graph ran (a warm-up), whose outputs pin no graph memory."""
+        self._held_in_graph_memory = graphed
         out = list(out)
         roots = []
         if not self.copies:
             for i in self.handed:
                 graph_output = out[i]
-                root = out[i] = graph_output.detach()  # a tensor of its own, untracked by views
+                view = rows.get(i) if rows else None
+                # a tensor of its own, untracked by views
+                root = out[i] = (graph_output if view is None else view).detach()
                 roots.append((i, weakref.ref(root), weakref.ref(graph_output)))
         if padded != n:
             for i in self.batch:
-                out[i] = out[i][:n]
+                if self.copies or not rows or i not in rows:
+                    out[i] = out[i][:n]
         if self.copies:
             for i in self.handed:
                 out[i] = out[i].clone()

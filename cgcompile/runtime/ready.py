@@ -21,6 +21,7 @@ takes every input, as Dynamo passes them).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch
 from cgcompile.config import CUDAGraphMode
 from cgcompile.forward_context import FORWARD_CONTEXT, ForwardContext
 from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.outputs import Outputs
+from cgcompile.runtime.outputs import Outputs, row_view
 from cgcompile.runtime.static_inputs import StaticInputs, copy_into
 from cgcompile.wrappers import CapturedGraph, CUDAGraphWrapper
 
@@ -93,7 +94,13 @@ class ReadyCall:
             self.rows.append((rows, view, i))
         for i in plan.copied_tensors:
             self._target(i, static_args[i])
+        self._gather = _gatherer(self.sources)
         self.replaced = {i: static_args[i] for i in (*plan.batch_tensors, *plan.copied_tensors)}
+        self.rows_out: dict[int, torch.Tensor] | None = None
+        """FULL, padded: views of the real rows of each handed batch output, built once."""
+        if graph is not None and padded != n:
+            handed = set(plan.handed_outputs) & set(plan.batch_outputs)
+            self.rows_out = {i: row_view(graph.output[i], n) for i in sorted(handed)} or None
         self.replaced.update(dict.fromkeys(plan.size_indices, padded))
 
     def _target(self, i: int, view: torch.Tensor) -> None:
@@ -106,7 +113,7 @@ class ReadyCall:
     def __call__(self, args: tuple[Any, ...]) -> list[Any]:
         n, padded = self.n, self.padded
         if self.targets:
-            torch._foreach_copy_(self.targets, [args[i] for i in self.sources])
+            torch._foreach_copy_(self.targets, self._gather(args))
         for i, view in self.expanded:
             copy_into(view, args[i])
         for rows, view, i in self.rows:
@@ -121,7 +128,7 @@ class ReadyCall:
             out = self._run_pieces(args)
         if self.copied_back:
             self.static_inputs.copy_back(args, self.replaced, n, padded)
-        return self.outputs.hand_out(out, n, padded)
+        return self.outputs.hand_out(out, n, padded, self.rows_out)
 
     def _run_pieces(self, args: tuple[Any, ...]) -> Any:
         runnable, ctx = self.piecewise
@@ -133,3 +140,11 @@ class ReadyCall:
             return runnable(*static_args)
         finally:
             FORWARD_CONTEXT.reset(token)
+
+
+def _gatherer(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """args -> the tuple of args at `indices`, at C speed for two or more (an itemgetter of one
+    index returns the item, not a tuple)."""
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)
+    return lambda args: tuple([args[i] for i in indices])

@@ -69,15 +69,21 @@ def double(x: torch.Tensor) -> torch.Tensor:
 
 
 def calls_keeping(
-    mode: str, keep: Callable, device: str = "cpu", runtime: str = "simulated", calls: int = 6
+    mode: str,
+    keep: Callable,
+    device: str = "cpu",
+    runtime: str = "simulated",
+    calls: int = 6,
+    rows: int = 4,
 ) -> None:
-    """Calls the compiled `double` on fresh inputs; `keep(out)` is what the caller holds on
-    to, compared with eager's after the last call."""
+    """Calls the compiled `double` on fresh inputs of `rows` rows (3: padded to the capture
+    size 4); `keep(out)` is what the caller holds on to, compared with eager's after the last
+    call."""
     compiled = compile_model(double, mode, runtime=runtime)
     kept, want = [], []
     with torch.no_grad(), decode():
         for _ in range(calls):
-            x = torch.randn(4, 4, device=device)
+            x = torch.randn(rows, 4, device=device)
             cgcompile.mark_dynamic_batch(x)
             kept.append(keep(compiled(x)))
             want.append(keep(double(x)))

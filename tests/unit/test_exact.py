@@ -25,6 +25,7 @@ from tests.support.exact import (
     check_batch_norm,
     check_broken_up,
     check_scaled,
+    decode,
     double,
     dynamo_graphs,
     run_cache,
@@ -137,24 +138,51 @@ def test_a_broken_up_model_equals_eager_as_the_batch_changes(mode, compiler):
     check_broken_up(mode, compiler)
 
 
+@pytest.mark.parametrize("rows", [4, 3])  # 3: padded, its real rows handed out
 @pytest.mark.parametrize("mode", GRAPH_MODES)
-def test_outputs_kept_across_calls_keep_their_values_and_graphs_replay(mode, caplog):
+def test_outputs_kept_across_calls_keep_their_values_and_graphs_replay(mode, rows, caplog):
     with caplog.at_level(logging.WARNING, logger="cgcompile"):
         with cgcompile.counters.expect(num_eager_fallbacks=0):
-            calls_keeping(mode, keep=lambda out: out)
+            calls_keeping(mode, keep=lambda out: out, rows=rows)
     assert cgcompile.counters.num_cudagraph_captured > 0
     assert not cgcompile.compiled_graphs()[-1].copies_outputs
     assert caplog.messages == []
 
 
+@pytest.mark.parametrize("rows", [4, 3])
 @pytest.mark.parametrize("mode", GRAPH_MODES)
-def test_a_view_kept_across_calls_keeps_its_values_and_outputs_are_copied(mode, caplog):
+def test_a_view_kept_across_calls_keeps_its_values_and_outputs_are_copied(mode, rows, caplog):
     with caplog.at_level(logging.WARNING, logger="cgcompile"):
         with cgcompile.counters.expect(num_eager_fallbacks=1):  # the call that found the view
-            calls_keeping(mode, keep=lambda out: out[:, -1])
+            calls_keeping(mode, keep=lambda out: out[:, -1], rows=rows)
     assert cgcompile.compiled_graphs()[-1].copies_outputs
     held = [m for m in caplog.messages if "still referenced" in m]
     assert len(held) == 1, caplog.messages
+
+
+@pytest.mark.parametrize("rows", [4, 3])
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+def test_a_view_of_a_replayed_output_pins_graph_memory_until_it_is_dropped(mode, rows):
+    """A view cannot be moved out of graph memory: while the caller keeps it, nothing of the
+    instance replays (a replay would overwrite it); once dropped, graphs replay again."""
+    compiled = compile_model(double, mode)
+    with torch.no_grad(), decode():
+        for _ in range(4):  # warm-up, capture, replays: the outputs live in graph memory
+            x = torch.randn(rows, 4)
+            cgcompile.mark_dynamic_batch(x)
+            compiled(x)
+        kept, want = compiled(x)[:, -1], double(x)[:, -1]
+        with cgcompile.counters.expect(num_eager_fallbacks=3):
+            for _ in range(3):
+                y = torch.randn(rows, 4)
+                cgcompile.mark_dynamic_batch(y)
+                torch.testing.assert_close(compiled(y), double(y))
+                torch.testing.assert_close(kept, want)
+        del kept
+        replays = [w for w in cgcompile.compiled_graphs()[-1].wrappers if w.entries]
+        with cgcompile.counters.expect(num_eager_fallbacks=0):
+            torch.testing.assert_close(compiled(y), double(y))
+    assert replays and cgcompile.compiled_graphs()[-1].copies_outputs
 
 
 @pytest.mark.parametrize("mode", GRAPH_MODES)
