@@ -52,7 +52,9 @@ def row_view(graph_output: torch.Tensor, n: int) -> torch.Tensor:
     """A view of the first n rows of `graph_output`, kept by the caller and counted as ours
     when `release` looks for views the caller made."""
     view = graph_output[:n]
-    graph_output.__dict__.setdefault(_ROW_VIEWS, []).append(weakref.ref(view))
+    views = graph_output.__dict__.setdefault(_ROW_VIEWS, [])
+    views[:] = [ref for ref in views if ref() is not None]  # ready calls rebuilt for this graph
+    views.append(weakref.ref(view))
     return view
 
 
@@ -67,15 +69,12 @@ def _has_other_users(refs: tuple[weakref.ref[Any], ...]) -> bool:
 
 
 def _move(handed: torch.Tensor, root: torch.Tensor) -> None:
-    """Put a copy of the data under `handed` and its root (whose view it is, when the batch
-    was padded): neither keeps graph memory alive afterwards."""
-    copy = torch.empty_strided(root.size(), root.stride(), dtype=root.dtype, device=root.device)
-    copy.copy_(root)
-    offset = handed.storage_offset() - root.storage_offset()
-    storage = copy.untyped_storage()
-    if handed is not root:
-        handed.set_(storage, offset, handed.size(), handed.stride())
-    root.set_(storage, 0, root.size(), root.stride())
+    """Put a copy of its data under `handed` and, when it is a view of its root (a padded
+    call's real rows), under the root too, which the view keeps alive: neither stays in graph
+    memory."""
+    for t in (handed,) if handed is root else (handed, root):
+        copy = t.clone()
+        t.set_(copy.untyped_storage(), copy.storage_offset(), copy.size(), copy.stride())
 
 
 class Outputs:
