@@ -12,8 +12,8 @@ Per call (automatic mode, the default):
 5. run the FULL wrapper (which holds the PIECEWISE-wrapped pieces) under that forward context,
    whose key names the module instance, so each instance replays graphs of its own;
 6. copy the real rows of mutated batch tensors back to the caller's; hand out the outputs
-   (`outputs`: batch outputs sliced to n; a call whose previous outputs the caller still
-   holds runs without graphs, and the graph copies its outputs from then on).
+   (`outputs`: batch outputs sliced to n; a held output is moved before the next replay, a
+   held view of one pins graph memory: calls run without graphs until it is dropped).
 Batches no graph fits run eagerly, unpadded, on the caller's tensors (`fallbacks` says why,
 once per kind). If the caller already set a forward context (manual, vLLM-style), it is
 honoured: no dispatch, padding or copies; the module instance is checked by the identity of
@@ -24,9 +24,6 @@ once per call.
 
 `capture_all` records graphs without running the model (`bulk_capture`). Parameters are held
 weakly: a deleted model's instance and its graphs are dropped (`instances`).
-
-Outputs of a graph replay live in graph memory, which the next replay overwrites; callers that
-drop them before the next call get them without a copy.
 """
 
 from __future__ import annotations
@@ -205,9 +202,8 @@ class CompiledGraph:
             )
             if ready is not None:
                 self._ready[key] = ready
-        # a warm-up (no wrapper has a graph for the key yet) handed out eager memory
-        acting = [w for w in self.wrappers if w.runtime_mode is mode]
-        graphed = ctx.graph_key is None or any(ctx.graph_key in w.entries for w in acting)
+        # a warm-up's outputs (no graph has the key yet) are eager memory: they pin nothing
+        graphed = ctx.graph_key is None or any(ctx.graph_key in w.entries for w in self.wrappers)
         return outputs.hand_out(out, n, padded, graphed=graphed)
 
     @property
