@@ -18,6 +18,8 @@ import logging
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cgcompile
 from tests.support.exact import (
@@ -158,6 +160,32 @@ def test_a_view_kept_across_calls_keeps_its_values_and_outputs_are_copied(mode, 
     assert cgcompile.compiled_graphs()[-1].copies_outputs
     held = [m for m in caplog.messages if "still referenced" in m]
     assert len(held) == 1, caplog.messages
+
+
+_KEEPERS = {
+    "drop": lambda out: None,
+    "output": lambda out: out,
+    "view": lambda out: out[:, :1],
+    "clone of a view": lambda out: out[:, :1].clone(),
+}
+_COMPILED_DOUBLE: dict[str, object] = {}
+
+
+@pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 3, 4, 5]), st.sampled_from(list(_KEEPERS)))))
+def test_whatever_the_caller_keeps_of_any_batch_keeps_eagers_values(mode, steps):
+    """One compiled model for all examples (its held, moved and pinned outputs carry over):
+    every step's kept output, view or clone equals eager's at the end of the sequence."""
+    compiled = _COMPILED_DOUBLE.setdefault(mode, compile_model(double, mode))
+    kept, want = [], []
+    with torch.no_grad(), decode():
+        for rows, how in steps:
+            x = torch.randn(rows, 4)
+            cgcompile.mark_dynamic_batch(x)
+            kept.append(_KEEPERS[how](compiled(x)))
+            want.append(_KEEPERS[how](double(x)))
+    torch.testing.assert_close(kept, want)
 
 
 def _spread(x: torch.Tensor) -> torch.Tensor:
