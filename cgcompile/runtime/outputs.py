@@ -14,8 +14,9 @@ copy of its data moved under it (`Tensor.set_`), so the caller keeps its values 
 may write graph memory; one copy per held output, only when held. A held view of an output
 cannot be moved: it pins graph memory, so calls run without graphs until it is gone, and this
 instance's outputs are copied out of graph memory from then on (`copies`), which is exact
-whatever the caller keeps. A padded call hands out the real rows: in the steady state of a full
-graph, a prebuilt view of them (`row_view`) detached, which `release` counts as ours. A caller that
+whatever the caller keeps. A padded call hands out its real rows as a tensor of their own (a
+view of them, detached; in a full graph's steady state a prebuilt one, `row_view`, which
+`release` counts as ours). A caller that
 drops each call's outputs before the next call, or keeps only what it derives from them
 (`logits.argmax(-1)`), stays on the zero-copy path. Outputs that are views of a copied input
 (`plan.buffer_outputs`) live in a static buffer the next call refills: they are always copied.
@@ -58,23 +59,13 @@ def row_view(graph_output: torch.Tensor, n: int) -> torch.Tensor:
     return view
 
 
-def _has_other_users(refs: tuple[weakref.ref[Any], ...]) -> bool:
-    """Whether tensors other than the live ones among `refs` (the handed tensor, its root,
-    the graph's output, all sharing one storage) and our prebuilt views of that output use the
-    storage: a view the caller made."""
+def _has_other_users(refs: tuple[weakref.ref[Any], weakref.ref[Any]]) -> bool:
+    """Whether tensors other than the live ones among `refs` (the handed tensor and the graph's
+    output, sharing one storage) and our prebuilt views of that output use the storage: a
+    view the caller made."""
     live = {id(t): t for t in (ref() for ref in refs) if t is not None}
-    graph_output = refs[2]()
-    ours = sum(ref() is not None for ref in getattr(graph_output, _ROW_VIEWS, ()))
+    ours = sum(ref() is not None for ref in getattr(refs[1](), _ROW_VIEWS, ()))
     return _storage_users(next(iter(live.values()))) > len(live) + ours + 1
-
-
-def _move(handed: torch.Tensor, root: torch.Tensor) -> None:
-    """Put a copy of its data under `handed` and, when it is a view of its root (a padded
-    call's real rows), under the root too, which the view keeps alive: neither stays in graph
-    memory."""
-    for t in (handed,) if handed is root else (handed, root):
-        copy = t.clone()
-        t.set_(copy.untyped_storage(), copy.storage_offset(), copy.size(), copy.stride())
 
 
 class Outputs:
@@ -86,24 +77,24 @@ class Outputs:
         self.buffers = plan.buffer_outputs
         self.copies = False
         """Graph-memory outputs are copied (a caller held them across a call)."""
-        self._held: list[tuple[weakref.ref[Any], ...]] = []
-        """(handed tensor, its root, the graph's output) per output of the last call; the root
-        lives while the handed tensor or any view of it does."""
+        self._held: list[tuple[weakref.ref[Any], weakref.ref[Any]]] = []
+        """(handed tensor, the graph's output) per output of the last call; the handed tensor is
+        no view, so it lives while the caller holds it or any view of it."""
         self._held_in_graph_memory = True
         """Whether the last call's outputs came from graphs (not from a warm-up run)."""
         self._pinned: list[weakref.ref[Any]] = []
-        """Roots of held outputs that a caller's view kept in graph memory (`start_copying`)."""
+        """Handed tensors that a caller's view kept in graph memory (`start_copying`)."""
 
     def still_held(self) -> bool:
         """Whether the caller still references an output of the last graphed call, or a view
         of graph memory that could not be moved (`start_copying`)."""
         for refs in self._held:
-            if refs[1]() is not None:
+            if refs[0]() is not None:
                 return True
         return bool(self._pinned) and self._still_pinned()
 
     def _still_pinned(self) -> bool:
-        self._pinned = [root for root in self._pinned if root() is not None]
+        self._pinned = [handed for handed in self._pinned if handed() is not None]
         return bool(self._pinned)
 
     def release(self) -> bool:
@@ -112,12 +103,14 @@ class Outputs:
         a pinned one is still alive."""
         if self._pinned and self._still_pinned():
             return False
-        held = [refs for refs in self._held if refs[1]() is not None]
-        if any(refs[0]() is None or _has_other_users(refs) for refs in held):
+        held = [refs for refs in self._held if refs[0]() is not None]
+        if any(_has_other_users(refs) for refs in held):
             return False
         try:
             for refs in held:
-                _move(refs[0](), refs[1]())
+                t = refs[0]()
+                copy = t.clone()
+                t.set_(copy.untyped_storage(), copy.storage_offset(), copy.size(), copy.stride())
         except RuntimeError:  # an inference tensor, now outside inference mode
             return False
         self._held = []
@@ -128,7 +121,7 @@ class Outputs:
         the instance's graph memory: no graph may replay until they are gone."""
         self.copies = True
         if self._held_in_graph_memory:
-            self._pinned += [refs[1] for refs in self._held if refs[1]() is not None]
+            self._pinned += [refs[0] for refs in self._held if refs[0]() is not None]
         self._held = []
 
     def hand_out(
@@ -141,26 +134,28 @@ class Outputs:
     ) -> list[Any]:
         """The call's outputs for the caller: batch outputs sliced to the real rows n. `rows`:
         views of the real rows of handed batch outputs (`row_view`; a full graph's replays
-        return the same tensors), detached as they are instead of detached and then sliced.
+        return the same tensors), detached instead of sliced anew.
         `graphed`: False when no graph ran (a warm-up), whose outputs pin no graph memory."""
         self._held_in_graph_memory = graphed
         out = list(out)
-        roots = []
+        held = []
         if not self.copies:
             for i in self.handed:
                 graph_output = out[i]
                 view = rows.get(i) if rows else None
-                # a tensor of its own, untracked by views
-                root = out[i] = (graph_output if view is None else view).detach()
-                roots.append((i, weakref.ref(root), weakref.ref(graph_output)))
+                if view is None and padded != n and i in self.batch:
+                    view = graph_output[:n]
+                # a tensor of its own (no view: a view of it keeps it alive), the real rows
+                handed = out[i] = (graph_output if view is None else view).detach()
+                held.append((weakref.ref(handed), weakref.ref(graph_output)))
         if padded != n:
             for i in self.batch:
-                if self.copies or not rows or i not in rows:
+                if self.copies or i not in self.handed:  # handed ones hold their real rows
                     out[i] = out[i][:n]
         if self.copies:
             for i in self.handed:
                 out[i] = out[i].clone()
         for i in self.buffers:
             out[i] = out[i].clone()
-        self._held = [(weakref.ref(out[i]), root, graph_output) for i, root, graph_output in roots]
+        self._held = held
         return out
