@@ -81,8 +81,8 @@ def _unpadded(log: FallbackLog, n: int | None) -> str:
 
 def _held(log: FallbackLog, n: int | None) -> str:
     return (
-        "a view of an output of its previous call is still referenced, and a replay would "
-        "overwrite it: calls run without graphs until that view is dropped, and from now on "
+        "a view or detached alias of an output of its previous call is still referenced, and a "
+        "replay would overwrite it: calls run without graphs until it is dropped, and from now on "
         "this graph copies its outputs out of graph memory (one copy per output per call). To "
         "keep the zero-copy path, let go of a call's outputs (and views of them) before the "
         "next call, and clone what you keep"

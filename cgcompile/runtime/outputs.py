@@ -6,20 +6,22 @@ holds at the next call would change under it, which an eager call never does. Th
 a caller keeps outputs across calls (`outs.append(compiled(x))`) and when a model broken into
 several graphs calls one graph twice in a step (keys, then values) and reads the first result
 after the second. So each graphed call hands out its graph-memory outputs
-(`plan.handed_outputs`) through fresh tensors and keeps weak references to them (a view of a
-handed tensor keeps it alive, so a held view counts too). Before a replay the backend asks
-`still_held()`, then `release()`: a held output referenced only through the tensor handed out
+(`plan.handed_outputs`) through fresh tensors (a padded call's real rows: a view of them,
+detached; in a full graph's steady state a prebuilt one, `row_view`), and remembers how many
+tensors used each one's memory then (`_foreign_users`: torch's use count of the storage, less
+our prebuilt views). Before a replay the backend asks `still_held()`, then `release()`: the
+caller still uses an output's memory if the tensor handed out is alive (it is no view, so a
+view of it keeps it alive) or its memory has more users than then (a `detach()` of it, kept
+after the output itself was dropped). An output held only through the tensor handed out
 (`logits = compiled(x)` in a loop: the old `logits` is still bound during the next call) gets a
 copy of its data moved under it (`Tensor.set_`), so the caller keeps its values and the replay
-may write graph memory; one copy per held output, only when held. A held view of an output
-cannot be moved: it pins graph memory, so calls run without graphs until it is gone, and this
-instance's outputs are copied out of graph memory from then on (`copies`), which is exact
-whatever the caller keeps. A padded call hands out its real rows as a tensor of their own (a
-view of them, detached; in a full graph's steady state a prebuilt one, `row_view`, which
-`release` counts as ours). A caller that
-drops each call's outputs before the next call, or keeps only what it derives from them
-(`logits.argmax(-1)`), stays on the zero-copy path. Outputs that are views of a copied input
-(`plan.buffer_outputs`) live in a static buffer the next call refills: they are always copied.
+may write graph memory; one copy per held output, only when held. Anything else made from an
+output (a view, a detached alias) cannot be moved: it pins graph memory, so calls run without
+graphs until it is gone, and this instance's outputs are copied out of graph memory from then
+on (`copies`), which is exact whatever the caller keeps. A caller that drops each call's
+outputs before the next call, or keeps only what it derives from them (`logits.argmax(-1)`),
+stays on the zero-copy path. Outputs that are views of a copied input (`plan.buffer_outputs`)
+live in a static buffer the next call refills: they are always copied.
 
     outputs = Outputs(plan)                      # one per module instance
     if outputs.still_held() and not outputs.release():
@@ -59,13 +61,24 @@ def row_view(graph_output: torch.Tensor, n: int) -> torch.Tensor:
     return view
 
 
-def _has_other_users(refs: tuple[weakref.ref[Any], weakref.ref[Any]]) -> bool:
-    """Whether tensors other than the live ones among `refs` (the handed tensor and the graph's
-    output, sharing one storage) and our prebuilt views of that output use the storage: a
-    view the caller made."""
-    live = {id(t): t for t in (ref() for ref in refs) if t is not None}
-    ours = sum(ref() is not None for ref in getattr(refs[1](), _ROW_VIEWS, ()))
-    return _storage_users(next(iter(live.values()))) > len(live) + ours + 1
+def _foreign_users(t: torch.Tensor, graph_output: torch.Tensor | None) -> int:
+    """Tensors on `t`'s storage (that of `graph_output`) but our prebuilt row views: the handed
+    tensor, the graph's own, and whatever the caller made of them (views, `detach()`, ...)."""
+    ours = sum(ref() is not None for ref in getattr(graph_output, _ROW_VIEWS, ()))
+    return _storage_users(t) - ours
+
+
+def _kept(held: tuple[weakref.ref[Any], weakref.ref[Any], int]) -> bool:
+    """Whether something of the caller's still uses the memory of a handed-out output: more
+    users than when it was handed out, or as many once the handed tensor itself is gone."""
+    handed, graph_output, users = held[0](), held[1](), held[2]
+    if graph_output is None:  # a warm-up's output, freed since: one user fewer
+        if handed is None:
+            return False  # eager memory: nothing of it is overwritten
+        users -= 1
+    if handed is None:
+        handed, users = graph_output, users - 1
+    return _foreign_users(handed, graph_output) > users
 
 
 class Outputs:
@@ -77,38 +90,38 @@ class Outputs:
         self.buffers = plan.buffer_outputs
         self.copies = False
         """Graph-memory outputs are copied (a caller held them across a call)."""
-        self._held: list[tuple[weakref.ref[Any], weakref.ref[Any]]] = []
-        """(handed tensor, the graph's output) per output of the last call; the handed tensor is
-        no view, so it lives while the caller holds it or any view of it."""
+        self._held: list[tuple[weakref.ref[Any], weakref.ref[Any], int]] = []
+        """(handed tensor, the graph's output, `_foreign_users` when handed out) per output of
+        the last call: more users at the next call, or as many with the handed tensor gone,
+        means the caller keeps something on graph memory."""
         self._held_in_graph_memory = True
         """Whether the last call's outputs came from graphs (not from a warm-up run)."""
-        self._pinned: list[weakref.ref[Any]] = []
-        """Handed tensors that a caller's view kept in graph memory (`start_copying`)."""
+        self._pinned: list[tuple[weakref.ref[Any], weakref.ref[Any], int]] = []
+        """Held outputs (as in `_held`) that could not be moved (`start_copying`)."""
 
     def still_held(self) -> bool:
-        """Whether the caller still references an output of the last graphed call, or a view
-        of graph memory that could not be moved (`start_copying`)."""
-        for refs in self._held:
-            if refs[0]() is not None:
+        """Whether the caller still references an output of the last graphed call (the tensor
+        handed out, or anything made from it), or something pinned (`start_copying`)."""
+        for held in self._held:
+            if held[0]() is not None or _kept(held):
                 return True
         return bool(self._pinned) and self._still_pinned()
 
     def _still_pinned(self) -> bool:
-        self._pinned = [handed for handed in self._pinned if handed() is not None]
+        self._pinned = [held for held in self._pinned if _kept(held)]
         return bool(self._pinned)
 
     def release(self) -> bool:
         """Move a copy of its data under each held output, so the next replay may write graph
-        memory; False (nothing must replay) when a view of one is held, which cannot move, or
-        a pinned one is still alive."""
+        memory; False (nothing must replay) when the caller keeps something else made from one
+        (a view, a detached alias), which cannot move, or a pinned one is still kept."""
         if self._pinned and self._still_pinned():
             return False
-        held = [refs for refs in self._held if refs[0]() is not None]
-        if any(_has_other_users(refs) for refs in held):
+        if any(_kept(held) for held in self._held):
             return False
+        movable = [t for t in (held[0]() for held in self._held) if t is not None]
         try:
-            for refs in held:
-                t = refs[0]()
+            for t in movable:
                 copy = t.clone()
                 t.set_(copy.untyped_storage(), copy.storage_offset(), copy.size(), copy.stride())
         except RuntimeError:  # an inference tensor, now outside inference mode
@@ -121,7 +134,7 @@ class Outputs:
         the instance's graph memory: no graph may replay until they are gone."""
         self.copies = True
         if self._held_in_graph_memory:
-            self._pinned += [refs[0] for refs in self._held if refs[0]() is not None]
+            self._pinned += self._held
         self._held = []
 
     def hand_out(
@@ -147,7 +160,9 @@ class Outputs:
                     view = graph_output[:n]
                 # a tensor of its own (no view: a view of it keeps it alive), the real rows
                 handed = out[i] = (graph_output if view is None else view).detach()
-                held.append((weakref.ref(handed), weakref.ref(graph_output)))
+                view = None  # a slice made here dies now: it is no user the caller keeps
+                users = _foreign_users(handed, graph_output)
+                held.append((weakref.ref(handed), weakref.ref(graph_output), users))
         if padded != n:
             for i in self.batch:
                 if self.copies or i not in self.handed:  # handed ones hold their real rows

@@ -166,6 +166,7 @@ _KEEPERS = {
     "drop": lambda out: None,
     "output": lambda out: out,
     "view": lambda out: out[:, :1],
+    "detached": lambda out: out.detach(),  # shares the memory, no view: the output itself dies
     "clone of a view": lambda out: out[:, :1].clone(),
 }
 _COMPILED_DOUBLE: dict[str, object] = {}
@@ -176,7 +177,7 @@ _COMPILED_DOUBLE: dict[str, object] = {}
 @given(st.lists(st.tuples(st.sampled_from([1, 2, 3, 4, 5]), st.sampled_from(list(_KEEPERS)))))
 def test_whatever_the_caller_keeps_of_any_batch_keeps_eagers_values(mode, steps):
     """One compiled model for all examples (its held, moved and pinned outputs carry over):
-    every step's kept output, view or clone equals eager's at the end of the sequence."""
+    every step's kept output, view, detached alias or clone equals eager's at the end."""
     compiled = _COMPILED_DOUBLE.setdefault(mode, compile_model(double, mode))
     kept, want = [], []
     with torch.no_grad(), decode():
@@ -209,6 +210,14 @@ def test_expanded_outputs_kept_across_calls_keep_their_values(mode, rows):
             want.append(_spread(x))
     torch.testing.assert_close(kept, want)
     assert cgcompile.counters.num_cudagraph_captured > 0
+
+
+@pytest.mark.parametrize("rows", [4, 3])
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+def test_detached_outputs_kept_across_calls_keep_their_values(mode, rows):
+    """`compiled(x).detach()` shares graph memory with the output, which dies at once: the
+    memory is still the caller's (it was overwritten by the next replay before)."""
+    calls_keeping(mode, keep=lambda out: out.detach(), rows=rows)
 
 
 @pytest.mark.parametrize("rows", [4, 3])
