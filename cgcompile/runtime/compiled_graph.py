@@ -204,7 +204,7 @@ class CompiledGraph:
                 self._ready[key] = ready
         # a warm-up's outputs (no graph has the key yet) are eager memory: they pin nothing
         graphed = ctx.graph_key is None or any(ctx.graph_key in w.entries for w in self.wrappers)
-        return outputs.hand_out(out, n, padded, graphed=graphed)
+        return outputs.hand_out(out, n, padded, graphed=graphed, kept_by_graph=False)
 
     @property
     def copies_outputs(self) -> bool:

@@ -32,7 +32,7 @@ live in a static buffer the next call refills: they are always copied.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -68,7 +68,7 @@ def _foreign_users(t: torch.Tensor, graph_output: torch.Tensor | None) -> int:
     return _storage_users(t) - ours
 
 
-def _kept(held: tuple[weakref.ref[Any], weakref.ref[Any], int]) -> bool:
+def _kept(held: tuple[weakref.ref[Any], Callable[[], Any], int]) -> bool:
     """Whether something of the caller's still uses the memory of a handed-out output: more
     users than when it was handed out, or as many once the handed tensor itself is gone."""
     handed, graph_output, users = held[0](), held[1](), held[2]
@@ -90,13 +90,13 @@ class Outputs:
         self.buffers = plan.buffer_outputs
         self.copies = False
         """Graph-memory outputs are copied (a caller held them across a call)."""
-        self._held: list[tuple[weakref.ref[Any], weakref.ref[Any], int]] = []
+        self._held: list[tuple[weakref.ref[Any], Callable[[], Any], int]] = []
         """(handed tensor, the graph's output, `_foreign_users` when handed out) per output of
         the last call: more users at the next call, or as many with the handed tensor gone,
         means the caller keeps something on graph memory."""
         self._held_in_graph_memory = True
         """Whether the last call's outputs came from graphs (not from a warm-up run)."""
-        self._pinned: list[tuple[weakref.ref[Any], weakref.ref[Any], int]] = []
+        self._pinned: list[tuple[weakref.ref[Any], Callable[[], Any], int]] = []
         """Held outputs (as in `_held`) that could not be moved (`start_copying`)."""
 
     def still_held(self) -> bool:
@@ -144,12 +144,17 @@ class Outputs:
         padded: int,
         rows: dict[int, Any] | None = None,
         graphed: bool = True,
+        kept_by_graph: bool = True,
     ) -> list[Any]:
         """The call's outputs for the caller: batch outputs sliced to the real rows n. `rows`:
         views of the real rows of handed batch outputs (`row_view`; a full graph's replays
         return the same tensors), detached instead of sliced anew.
-        `graphed`: False when no graph ran (a warm-up), whose outputs pin no graph memory."""
+        `graphed`: False when no graph ran (a warm-up), whose outputs pin no graph memory.
+        `kept_by_graph`: False for a first call's outputs (a capture's), which the graph does
+        not keep although their memory is the graph's: held here until the next call, so that
+        their users can still be counted then."""
         self._held_in_graph_memory = graphed
+        strong = graphed and not kept_by_graph
         out = list(out)
         held = []
         if not self.copies:
@@ -162,7 +167,8 @@ class Outputs:
                 handed = out[i] = (graph_output if view is None else view).detach()
                 view = None  # a slice made here dies now: it is no user the caller keeps
                 users = _foreign_users(handed, graph_output)
-                held.append((weakref.ref(handed), weakref.ref(graph_output), users))
+                ref = (lambda t=graph_output: t) if strong else weakref.ref(graph_output)
+                held.append((weakref.ref(handed), ref, users))
         if padded != n:
             for i in self.batch:
                 if self.copies or i not in self.handed:  # handed ones hold their real rows
