@@ -28,10 +28,20 @@ def test_a_broken_up_model_equals_eager_cuda(mode, compiler):
     check_broken_up(mode, compiler, **CUDA)
 
 
-@pytest.mark.parametrize("keep", ["output", "view"])
+KEEPERS = {
+    "output": lambda out: out,
+    "view": lambda out: out[:, -1],
+    # shares the memory without being a view; the first kept is the capture call's output, an
+    # owning tensor whose block the graph's replays write
+    "detached": lambda out: out.detach(),
+}
+
+
+@pytest.mark.parametrize("rows", [4, 3])
+@pytest.mark.parametrize("keep", list(KEEPERS))
 @pytest.mark.parametrize("mode", GRAPH_MODES)
-def test_outputs_kept_across_calls_keep_their_values_cuda(mode, keep):
-    calls_keeping(mode, (lambda out: out) if keep == "output" else (lambda out: out[:, -1]), **CUDA)
+def test_outputs_kept_across_calls_keep_their_values_cuda(mode, keep, rows):
+    calls_keeping(mode, KEEPERS[keep], rows=rows, **CUDA)
     assert cgcompile.counters.num_cudagraph_captured > 0
 
 
