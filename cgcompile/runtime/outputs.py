@@ -52,8 +52,8 @@ that ready calls prebuilt (`row_view`), which share its storage."""
 
 
 def row_view(graph_output: torch.Tensor, n: int) -> torch.Tensor:
-    """A view of the first n rows of `graph_output`, kept by the caller and counted as ours
-    when `release` looks for views the caller made."""
+    """A view of the first n rows of `graph_output` for a ready call to keep, registered on it
+    so that `_foreign_users` does not take it for something the user made."""
     view = graph_output[:n]
     views = graph_output.__dict__.setdefault(_ROW_VIEWS, [])
     views[:] = [ref for ref in views if ref() is not None]  # ready calls rebuilt for this graph
