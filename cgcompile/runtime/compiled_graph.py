@@ -13,7 +13,7 @@ Per call (automatic mode, the default):
    whose key names the module instance, so each instance replays graphs of its own;
 6. copy the real rows of mutated batch tensors back to the caller's; hand out the outputs
    (`outputs`: batch outputs sliced to n; a held output is moved before the next replay, a
-   held view of one pins graph memory: calls run without graphs until it is dropped).
+   held view or detached alias pins graph memory: calls run without graphs until dropped).
 Batches no graph fits run eagerly, unpadded, on the caller's tensors (`fallbacks` says why,
 once per kind). If the caller already set a forward context (manual, vLLM-style), it is
 honoured: no dispatch, padding or copies; the module instance is checked by the identity of
