@@ -8,8 +8,8 @@ several graphs calls one graph twice in a step (keys, then values) and reads the
 after the second. So each graphed call hands out its graph-memory outputs
 (`plan.handed_outputs`) through fresh tensors (a padded call's real rows: a view of them,
 detached; in a full graph's steady state a prebuilt one, `row_view`), and remembers how many
-tensors used each one's memory then (`_foreign_users`: torch's use count of the storage, less
-our prebuilt views). Before a replay the backend asks `still_held()`, then `release()`: the
+tensors used each one's memory then (torch's use count of the storage, less our prebuilt
+views, `our_views`). Before a replay the backend asks `still_held()`, then `release()`: the
 caller still uses an output's memory if the tensor handed out is alive (it is no view, so a
 view of it keeps it alive) or its memory has more users than then (a `detach()` of it, kept
 after the output itself was dropped). An output held only through the tensor handed out
@@ -46,29 +46,36 @@ def _storage_users(t: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
-_ROW_VIEWS = "_cgcompile_row_views"
-"""Attribute of a full graph's output tensor: weak references to the views of its real rows
-that ready calls prebuilt (`row_view`), which share its storage."""
+_OUR_VIEWS = "_cgcompile_row_views"
+"""Attribute of a graph's output tensor: a one-element list, how many live views of its real
+rows ready calls keep (`row_view`); they share its storage but are no user's."""
+
+
+def our_views(graph_output: torch.Tensor) -> list[int]:
+    """The count of `graph_output`'s views that ready calls keep (a list, read as `[0]`)."""
+    return graph_output.__dict__.setdefault(_OUR_VIEWS, [0])
 
 
 def row_view(graph_output: torch.Tensor, n: int) -> torch.Tensor:
-    """A view of the first n rows of `graph_output` for a ready call to keep, registered on it
-    so that `_foreign_users` does not take it for something the user made."""
+    """A view of the first n rows of `graph_output` for a ready call to keep, counted in
+    `our_views` while it lives, so that it is not taken for something the user made."""
     view = graph_output[:n]
-    views = graph_output.__dict__.setdefault(_ROW_VIEWS, [])
-    views[:] = [ref for ref in views if ref() is not None]  # ready calls rebuilt for this graph
-    views.append(weakref.ref(view))
+    count = our_views(graph_output)
+    count[0] += 1
+    weakref.finalize(view, _forget_view, count)
     return view
 
 
-def _foreign_users(t: torch.Tensor, graph_output: torch.Tensor | None) -> int:
-    """Tensors on `t`'s storage (that of `graph_output`) but our prebuilt row views: the handed
-    tensor, the graph's own, and whatever the caller made of them (views, `detach()`, ...)."""
-    ours = sum(ref() is not None for ref in getattr(graph_output, _ROW_VIEWS, ()))
-    return _storage_users(t) - ours
+def _forget_view(count: list[int]) -> None:
+    count[0] -= 1
 
 
-def _kept(held: tuple[weakref.ref[Any], Callable[[], Any], int]) -> bool:
+Held = tuple[weakref.ref[Any], Callable[[], Any], int, list[int]]
+"""(the tensor handed out, the graph's output, tensors on its memory but ours when handed out,
+`our_views` of the graph's output)."""
+
+
+def _kept(held: Held) -> bool:
     """Whether something of the caller's still uses the memory of a handed-out output: more
     users than when it was handed out, or as many once the handed tensor itself is gone."""
     handed, graph_output, users = held[0](), held[1](), held[2]
@@ -78,7 +85,7 @@ def _kept(held: tuple[weakref.ref[Any], Callable[[], Any], int]) -> bool:
         users -= 1
     if handed is None:
         handed, users = graph_output, users - 1
-    return _foreign_users(handed, graph_output) > users
+    return _storage_users(handed) - held[3][0] > users
 
 
 class Outputs:
@@ -90,13 +97,12 @@ class Outputs:
         self.buffers = plan.buffer_outputs
         self.copies = False
         """Graph-memory outputs are copied (a caller held them across a call)."""
-        self._held: list[tuple[weakref.ref[Any], Callable[[], Any], int]] = []
-        """(handed tensor, the graph's output, `_foreign_users` when handed out) per output of
-        the last call: more users at the next call, or as many with the handed tensor gone,
-        means the caller keeps something on graph memory."""
+        self._held: list[Held] = []
+        """Per output of the last call: more users of its memory at the next call, or as many
+        with the handed tensor gone, means the caller keeps something on graph memory."""
         self._held_in_graph_memory = True
         """Whether the last call's outputs came from graphs (not from a warm-up run)."""
-        self._pinned: list[tuple[weakref.ref[Any], Callable[[], Any], int]] = []
+        self._pinned: list[Held] = []
         """Held outputs (as in `_held`) that could not be moved (`start_copying`)."""
 
     def still_held(self) -> bool:
@@ -166,9 +172,10 @@ class Outputs:
                 # a tensor of its own (no view: a view of it keeps it alive), the real rows
                 handed = out[i] = (graph_output if view is None else view).detach()
                 view = None  # a slice made here dies now: it is no user the caller keeps
-                users = _foreign_users(handed, graph_output)
+                ours = our_views(graph_output)
+                users = _storage_users(handed) - ours[0]
                 ref = (lambda t=graph_output: t) if strong else weakref.ref(graph_output)
-                held.append((weakref.ref(handed), ref, users))
+                held.append((weakref.ref(handed), ref, users, ours))
         if padded != n:
             for i in self.batch:
                 if self.copies or i not in self.handed:  # handed ones hold their real rows
@@ -179,4 +186,37 @@ class Outputs:
         for i in self.buffers:
             out[i] = out[i].clone()
         self._held = held
+        return out
+
+    def prebuilt(
+        self, graph_out: Sequence[Any], n: int, padded: int, rows: dict[int, Any] | None
+    ) -> tuple[tuple[int, torch.Tensor, weakref.ref[Any], list[int]], ...] | None:
+        """What `hand_out_prebuilt` hands out for a full graph whose replays return the same
+        tensors `graph_out`: per handed output, its position, the tensor to detach (`rows`'
+        view of the real rows, or the output), a weak reference to the output and its
+        `our_views`. None where `hand_out` has more to do (buffer outputs, unhanded batch
+        outputs to slice)."""
+        if self.buffers or (padded != n and not set(self.batch) <= set(rows or ())):
+            return None
+        return tuple(
+            (
+                i,
+                rows[i] if rows and i in rows else graph_out[i],
+                weakref.ref(graph_out[i]),
+                our_views(graph_out[i]),
+            )
+            for i in self.handed
+        )
+
+    def hand_out_prebuilt(
+        self, out: Sequence[Any], sources: tuple[tuple[int, Any, Any, list[int]], ...]
+    ) -> list[Any]:
+        """`hand_out` of a ready full graph's replay, not copying (`prebuilt`)."""
+        out = list(out)
+        held = []
+        for i, source, ref, ours in sources:
+            handed = out[i] = source.detach()
+            held.append((weakref.ref(handed), ref, _storage_users(handed) - ours[0], ours))
+        self._held = held
+        self._held_in_graph_memory = True
         return out

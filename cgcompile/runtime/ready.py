@@ -98,9 +98,13 @@ class ReadyCall:
         self.replaced = {i: static_args[i] for i in (*plan.batch_tensors, *plan.copied_tensors)}
         self.rows_out: dict[int, torch.Tensor] | None = None
         """FULL, padded: views of the real rows of each handed batch output, built once."""
-        if graph is not None and padded != n:
-            handed = set(plan.handed_outputs) & set(plan.batch_outputs)
-            self.rows_out = {i: row_view(graph.output[i], n) for i in sorted(handed)} or None
+        self.prebuilt = None
+        """FULL: what `Outputs.hand_out_prebuilt` hands out; None where `hand_out` runs."""
+        if graph is not None:
+            if padded != n:
+                handed = set(plan.handed_outputs) & set(plan.batch_outputs)
+                self.rows_out = {i: row_view(graph.output[i], n) for i in sorted(handed)} or None
+            self.prebuilt = outputs.prebuilt(graph.output, n, padded, self.rows_out)
         self.replaced.update(dict.fromkeys(plan.size_indices, padded))
 
     def _target(self, i: int, view: torch.Tensor) -> None:
@@ -128,6 +132,8 @@ class ReadyCall:
             out = self._run_pieces(args)
         if self.copied_back:
             self.static_inputs.copy_back(args, self.replaced, n, padded)
+        if self.prebuilt is not None and not self.outputs.copies:
+            return self.outputs.hand_out_prebuilt(out, self.prebuilt)
         return self.outputs.hand_out(out, n, padded, self.rows_out)
 
     def _run_pieces(self, args: tuple[Any, ...]) -> Any:
