@@ -3,26 +3,26 @@ issue one step when it waits for each result (a decode loop reading its token).
 
 One process per peer (in one process Dynamo would walk every peer's cache entries of the same
 `forward`): the example Llama (hidden 1024, 16 or 64 layers, bf16, KV cache written in place),
-batch 1, capture sizes [1, 8], graphs of eager-compiled pieces (host time does not depend on
-the kernels inside a graph). Per peer, the median over `--calls` calls of perf_counter around
-one call, `torch.cuda.synchronize()` before each, timed in turns with a hand graph of the same
-model in the same process (copy + replay, no Dynamo): processes of one run differ in host speed
-by up to 5x as a whole (bare replay 5.3-32.6 us on 2026-12-02), so peers of different
-processes compare by their ratio to it (`vs_hand`). Each peer runs in `--rounds` processes, the
-peers taking turns in alternating order; the round with the least ratio is reported, every
-round kept. Beside each wall-clock median, the thread's CPU time per call (`host_cpu_us`,
-`hand_cpu_us`): a slow process whose CPU clock agrees runs slow code; one whose CPU clock is
-lower waits (preempted, or sleeping in a driver call). `--cpu K` pins the timing to core K
-(on the H200 machine pinned processes read 3-5x slower: left off by default). Peers
+batch 1, capture sizes [1, 8] (`--sizes`; batch 1 pads to the smallest above 1), graphs of
+eager-compiled pieces (host time does not depend on the kernels inside a graph, but their launch
+does: a padded graph may take other kernels). Per peer, the median over `--calls` calls of
+perf_counter around one call, `torch.cuda.synchronize()` before each, timed in turns with a hand
+graph of the same model in the same process (copy + replay, no Dynamo): processes of one run
+differ in host speed by up to 5x as a whole (bare replay 5.3-32.6 us on 2026-12-02), so peers of
+different processes compare by their ratio to it (`vs_hand`). Each peer runs in `--rounds`
+processes, the peers taking turns in alternating order; the round with the least ratio is
+reported, every round kept. Beside each wall-clock median, the thread's CPU time per call
+(`host_cpu_us`, `hand_cpu_us`): a slow process whose CPU clock agrees runs slow code; one whose
+CPU clock is lower waits (preempted, or sleeping in a driver call). `--cpu K` pins the timing to
+core K (on the H200 machine pinned processes read 3-5x slower: left off by default). Peers
 (`_user_peers`): the hand graph's bare `replay()` (`--peers hand`: its copy + replay), the
-10-line backend with and without guards, reduce-overhead, cgcompile FULL, FULL_AND_PIECEWISE
-and PIECEWISE, FULL/PIECEWISE under `cgcompile.trusted`, and `cg/FULL/own` (batch 1 compiled
-on its own, not padded to 2 rows).
-For cgcompile peers also: the backend alone (the compiled graph called with the arguments
-Dynamo passes), the bare replay of its graph, its fused input copy alone and an empty Python
-function called with the same arguments, so cgcompile's own time (`own_us`) is what is left;
-for PIECEWISE the replays of its pieces and its eager attention calls, so cgcompile's own time
-per piece is what is left.
+10-line backend with and without guards, reduce-overhead, cgcompile FULL, FULL_AND_PIECEWISE and
+PIECEWISE, FULL/PIECEWISE under `cgcompile.trusted`, and `cg/FULL/own` (batch 1 compiled on its
+own, not padded to 2 rows). For cgcompile peers also: the backend alone (the compiled graph
+called with the arguments Dynamo passes), the bare replay of its graph, its fused input copy
+alone and an empty Python function called with the same arguments, so cgcompile's own time
+(`own_us`) is what is left; for PIECEWISE the replays of its pieces and its eager attention
+calls, so cgcompile's own time per piece is what is left.
 
 With `--jobs J` J peer processes run at once: they compile side by side and time one at a time
 (`_turns`, with CGBENCH_TURNS set). With `--together` every peer of a depth runs in one process
@@ -109,12 +109,12 @@ def _model(layers: int) -> Llama:
     return Llama(cfg).to("cuda", torch.bfloat16).eval()
 
 
-def measure(name: str, layers: int, calls: int, cpu: int) -> dict[str, Any]:
+def measure(name: str, layers: int, calls: int, cpu: int, sizes: list[int]) -> dict[str, Any]:
     """One peer in this process: prepared at any time, timed in its turn on core `cpu`."""
     preparing()
     model = _model(layers)
-    peer = make_peer("hand" if name == "replay" else name, model, sizes=[1, 8], compiler="eager")
-    yardstick = make_peer("hand", model, sizes=[1, 8], compiler="eager")  # no Dynamo in it
+    peer = make_peer("hand" if name == "replay" else name, model, sizes=sizes, compiler="eager")
+    yardstick = make_peer("hand", model, sizes=sizes, compiler="eager")  # no Dynamo in it
     tokens, positions = make_inputs(model.cfg, 1, "cuda")
     with torch.no_grad():
         for _ in range(10):
@@ -127,15 +127,17 @@ def measure(name: str, layers: int, calls: int, cpu: int) -> dict[str, Any]:
             return _timed(name, layers, calls, model, peer, yardstick, tokens, positions)
 
 
-def measure_together(names: list[str], layers: int, calls: int) -> list[dict[str, Any]]:
+def measure_together(
+    names: list[str], layers: int, calls: int, sizes: list[int]
+) -> list[dict[str, Any]]:
     """Every peer in this process, timed in turns with each other and the hand graph."""
     preparing()
     model = _model(layers)
     peers = [
-        make_peer("hand" if name == "replay" else name, model, sizes=[1, 8], compiler="eager")
+        make_peer("hand" if name == "replay" else name, model, sizes=sizes, compiler="eager")
         for name in names
     ]
-    yardstick = make_peer("hand", model, sizes=[1, 8], compiler="eager")
+    yardstick = make_peer("hand", model, sizes=sizes, compiler="eager")
     tokens, positions = make_inputs(model.cfg, 1, "cuda")
     with torch.no_grad():
         for _ in range(10):
@@ -265,14 +267,21 @@ def main() -> None:
         "--jobs", type=int, default=1, help="peer processes at once (timed in turns: _turns)"
     )
     parser.add_argument("--together", action="store_true", help="all peers in one process")
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[1, 8],
+        help="capture sizes (batch 1 pads to the smallest above 1)",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--all", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one, args.layers[0], args.calls, args.cpu)))
+        print(json.dumps(measure(args.one, args.layers[0], args.calls, args.cpu, args.sizes)))
         return
     if args.all:
-        print(json.dumps(measure_together(args.all, args.layers[0], args.calls)))
+        print(json.dumps(measure_together(args.all, args.layers[0], args.calls, args.sizes)))
         return
     if args.together:
         _together(args)
@@ -285,7 +294,7 @@ def main() -> None:
 
     def one(task: tuple[int, str, int]) -> dict[str, Any]:
         layers, name, r = task
-        row = _one(name, layers, args.calls, args.cpu)
+        row = _one(name, layers, args.calls, args.cpu, args.sizes)
         print(f"  round {r}: {_line(row)}", flush=True)
         return row
 
@@ -300,9 +309,9 @@ def main() -> None:
     _write(args.out, rows, args.cpu)
 
 
-def _one(name: str, layers: int, calls: int, cpu: int) -> dict[str, Any]:
+def _one(name: str, layers: int, calls: int, cpu: int, sizes: list[int]) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--one", name, "--layers", str(layers), "--calls", str(calls)]
-    cmd += ["--cpu", str(cpu)]
+    cmd += ["--cpu", str(cpu), "--sizes", *map(str, sizes)]
     run = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     lines = run.stdout.strip().splitlines()
     if run.returncode or not lines:
@@ -320,6 +329,7 @@ def _together(args: argparse.Namespace) -> None:
         for r in range(args.rounds):
             order = names if r % 2 == 0 else names[::-1]
             cmd = [sys.executable, __file__, "--all", *order, "--layers", str(layers)]
+            cmd += ["--sizes", *map(str, args.sizes)]
             run = subprocess.run(cmd + ["--calls", str(args.calls)], capture_output=True, text=True)
             lines = run.stdout.strip().splitlines()
             if run.returncode or not lines:
