@@ -4,14 +4,12 @@ Under `torch.compile(...).aot_compile(...)` (torch >= 2.10) the backend must ret
 `SerializableCallable`: torch saves Dynamo's bytecode and guards, and asks the backend's object
 for bytes that rebuild it in another process, where no Dynamo trace runs. `saving_backend`
 returns a `SavedGraph`: the compiled graph (a `CompiledGraph` or a `PaddedBatchOne`) plus, taken
-before compiling, the Dynamo graph with its placeholders' fake values (`GraphPickler`), the
-options, the grad mode and what the backend reads from the real example inputs beyond their fake
-values (pad values, a batch dim other than 0, which inputs are parameters), and after compiling
-what the backend's fake runs found (`pipeline.Analyses`). Loading rebuilds the fake example
-inputs from those facts, computes the other nodes' fake values in one run of the graph on them
-(`_restore_values`: 1.1 s for a 16-layer Llama step on the development CPU, where unpickling
-them took 3.8 s) and runs the backend again on the same graph without its analyses: its
-Inductor compiles are cache lookups (the caller loads the saved Inductor artifacts first). A batch-1
+before compiling, the Dynamo graph with its fake example values (`GraphPickler`), the options and
+what the backend reads from the real example inputs beyond their fake values (pad values, a
+batch dim other than 0, which inputs are parameters), and after compiling what the backend's
+fake runs found (`pipeline.Analyses`). Loading rebuilds the fake example inputs from those
+facts and runs the backend again on the same graph without those fake runs: its Inductor
+compiles are cache lookups (the caller loads the saved Inductor artifacts first). A batch-1
 graph that the saving process served by a dynamic graph (`backend.batch_one`) is saved with the
 fake values of its inputs only (the rest costs seconds to unpickle on a large model) and with
 where its batch sizes go and which dynamic graph served it; loaded after that graph, it is
@@ -105,7 +103,6 @@ class SavedGraph(SerializableCallable):
             if served is not None:
                 compiled = serve_matched_batch_one(gm, examples, config, *served)
             else:
-                _restore_values(gm, examples, fake_mode, state["grad_enabled"])
                 compiled = compile_dynamo_graph(gm, examples, config, state["analyses"])
         if isinstance(compiled, CompiledGraph):
             compiled.report.precompiled = True
@@ -142,20 +139,12 @@ def _drop_meta(gm: fx.GraphModule) -> None:
             node.meta.pop(key, None)
 
 
-_FAKE_VALUES = ("example_value", "val")
-"""Node metadata holding fake values: unpickling one costs ~2 ms (a fake tensor and its
-symbolic sizes rebuilt), computing it again on load (`_restore_values`) a few us."""
-
-
 def _pickled(gm: fx.GraphModule, inputs_only: bool = False) -> bytes:
-    """`gm` pickled with its placeholders' metadata and the other nodes' metadata but their
-    fake values, or (`inputs_only`) without the other nodes' metadata."""
-    kept = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    """`gm` pickled with its nodes' metadata, or (`inputs_only`) its placeholders' alone."""
+    kept = [n for n in gm.graph.nodes if inputs_only and n.op != "placeholder"]
     metas = [n.meta for n in kept]
     for node in kept:
-        node.meta = (
-            {} if inputs_only else {k: v for k, v in node.meta.items() if k not in _FAKE_VALUES}
-        )
+        node.meta = {}
     try:
         return _Pickler.dumps(gm, Options(ops_filter=None))
     finally:
@@ -163,37 +152,12 @@ def _pickled(gm: fx.GraphModule, inputs_only: bool = False) -> bytes:
             node.meta = meta
 
 
-class _RestoreValues(fx.Interpreter):
-    """Runs a loaded graph on its placeholders' fake values and puts each node's result back
-    in its metadata, as Dynamo recorded it (`example_value`)."""
-
-    def run_node(self, n: fx.Node) -> Any:
-        result = super().run_node(n)
-        if n.op not in ("placeholder", "output"):
-            n.meta["example_value"] = result
-        return result
-
-
-def _restore_values(
-    gm: fx.GraphModule, examples: Sequence[Any], fake_mode: FakeTensorMode, grad: bool
-) -> None:
-    """Each node's fake value, computed in the grad mode Dynamo traced in (`grad`)."""
-    with fake_mode, torch.set_grad_enabled(grad):
-        _RestoreValues(gm).run(*examples)
-
-
 def _state(graph: bytes, example_inputs: Sequence[Any], options: dict[str, Any]) -> dict[str, Any]:
     config = {
         module.__name__: {key: getattr(module, key) for key in keys if hasattr(module, key)}
         for module, keys in _CACHE_KEYED_CONFIG.items()
     }
-    return {
-        "graph": graph,
-        "facts": _facts(example_inputs),
-        "options": options,
-        "config": config,
-        "grad_enabled": torch.is_grad_enabled(),
-    }
+    return {"graph": graph, "facts": _facts(example_inputs), "options": options, "config": config}
 
 
 def _facts(example_inputs: Sequence[Any]) -> dict[int, dict[str, Any]]:

@@ -45,14 +45,13 @@ class _Warnings(logging.Handler):
 def _count_analyses() -> list[str]:
     """The names of the backend's analyses (runs of a graph on fake tensors) and node-by-node
     batch-1 matches, as they run."""
-    from cgcompile.backend import batch_one, pipeline, saved_graph
+    from cgcompile.backend import batch_one, pipeline
 
     ran: list[str] = []
     for module, name in (
         (pipeline, "find_effects"),
         (pipeline, "with_pad_safety"),
         (batch_one, "match_batch_one"),
-        (saved_graph, "_restore_values"),
     ):
         original = getattr(module, name)
 

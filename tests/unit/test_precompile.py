@@ -60,11 +60,10 @@ def test_a_fresh_process_loads_the_precompiled_model_without_tracing_or_compilin
     assert loaded["dynamo_traces"] == 0 and loaded["dynamo_traces_after_calls"] == 0
     assert loaded["autograd_cache"] == [saved["autograd_cache"][1], 0]  # every compile a hit
     assert loaded["backend_compiles"] == saved["backend_compiles"]
-    # the saving process's analyses are reused: the loaded graph runs on fake tensors once,
-    # for its nodes' fake values (not saved: unpickling them costs more than computing them);
+    # the saving process's analyses are reused: no run of the graph on fake tensors for them
     # batch 1 is served by the dynamic graph: matched node by node when saved, not when loaded
     assert saved["analyses_run"] == ["find_effects", "with_pad_safety", "match_batch_one"]
-    assert loaded["analyses_run"] == ["_restore_values"]
+    assert loaded["analyses_run"] == []
     assert saved["graphs_shared"] == loaded["graphs_shared"] == 1
     assert loaded["captured_by_capture_all"] == saved["captured_by_capture_all"] > 0
     assert_equals_eager(loaded)
@@ -241,45 +240,3 @@ def test_without_aot_compile_it_compiles_just_in_time_and_saves_nothing(
     y = torch.randn(4, 16)
     with torch.no_grad():
         assert torch.allclose(step(y), model(y))
-
-
-def test_fake_values_computed_on_load_are_those_dynamo_recorded():
-    """A saved graph carries its placeholders' fake values only; loading computes the others
-    (`_restore_values`): shapes (symbolic batch included), strides and dtypes as traced."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx._graph_pickler import GraphPickler
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    from cgcompile.backend import saved_graph
-    from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
-
-    def described(value):
-        if isinstance(value, torch.Tensor):
-            return (str(tuple(value.shape)), str(value.stride()), value.dtype, value.requires_grad)
-        return str(value)
-
-    traced = []
-
-    def backend(gm, example_inputs):
-        traced.append(gm)
-        return gm.forward
-
-    cfg = LlamaConfig(num_layers=2, hidden=64, heads=4, ffn=128, vocab=256, cache_len=32)
-    tokens, positions = make_inputs(cfg, 4, "cpu")
-    mark_batch(cfg, tokens, positions, hint=4)
-    with torch.no_grad():
-        torch.compile(Llama(cfg).eval(), backend=backend, fullgraph=True)(tokens, positions)
-    (gm,) = traced
-    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
-    expected = [described(n.meta.get("example_value")) for n in nodes]
-    assert any("s" in shape[0] for shape in expected if isinstance(shape, tuple))  # symbolic
-
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-    loaded = GraphPickler.loads(saved_graph._pickled(gm), fake_mode)
-    loaded_nodes = [n for n in loaded.graph.nodes if n.op not in ("placeholder", "output")]
-    assert all("example_value" not in n.meta for n in loaded_nodes)
-    saved_graph._restore_values(loaded, saved_graph._examples(loaded, {}), fake_mode, False)
-    restored = [described(n.meta["example_value"]) for n in loaded_nodes]
-    assert [r for r, e in zip(restored, expected, strict=True) if e != "None"] == [
-        e for e in expected if e != "None"
-    ]
