@@ -88,6 +88,11 @@ def _kept(held: Held) -> bool:
     return _storage_users(handed) - held[3][0] > users
 
 
+Source = tuple[int, torch.Tensor, weakref.ref[Any], list[int]]
+"""What a ready full graph hands out at one position (`Outputs.prebuilt`): the position, the
+tensor to detach, a weak reference to the graph's output, its `our_views`."""
+
+
 class Outputs:
     """Hands out one module instance's outputs; remembers the last graphed call's."""
 
@@ -190,12 +195,11 @@ class Outputs:
 
     def prebuilt(
         self, graph_out: Sequence[Any], n: int, padded: int, rows: dict[int, Any] | None
-    ) -> tuple[tuple[int, torch.Tensor, weakref.ref[Any], list[int]], ...] | None:
+    ) -> tuple[Source, ...] | None:
         """What `hand_out_prebuilt` hands out for a full graph whose replays return the same
-        tensors `graph_out`: per handed output, its position, the tensor to detach (`rows`'
-        view of the real rows, or the output), a weak reference to the output and its
-        `our_views`. None where `hand_out` has more to do (buffer outputs, unhanded batch
-        outputs to slice)."""
+        tensors `graph_out`: a `Source` per handed output, whose tensor to detach is `rows`'
+        view of the real rows or the output. None where `hand_out` has more to do (buffer
+        outputs, unhanded batch outputs to slice)."""
         if self.buffers or (padded != n and not set(self.batch) <= set(rows or ())):
             return None
         return tuple(
@@ -208,9 +212,7 @@ class Outputs:
             for i in self.handed
         )
 
-    def hand_out_prebuilt(
-        self, out: Sequence[Any], sources: tuple[tuple[int, Any, Any, list[int]], ...]
-    ) -> list[Any]:
+    def hand_out_prebuilt(self, out: Sequence[Any], sources: tuple[Source, ...]) -> list[Any]:
         """`hand_out` of a ready full graph's replay, not copying (`prebuilt`)."""
         out = list(out)
         held = []
