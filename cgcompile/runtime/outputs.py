@@ -6,10 +6,12 @@ holds at the next call would change under it, which an eager call never does. Th
 a caller keeps outputs across calls (`outs.append(compiled(x))`) and when a model broken into
 several graphs calls one graph twice in a step (keys, then values) and reads the first result
 after the second. So each graphed call hands out its graph-memory outputs
-(`plan.handed_outputs`) through fresh tensors (a padded call's real rows: a view of them,
-detached; in a full graph's steady state a prebuilt one, `row_view`), and remembers how many
-tensors used each one's memory then (torch's use count of the storage, less our prebuilt
-views, `our_views`). Before a replay the backend asks `still_held()`, then `release()`: the
+(`plan.handed_outputs`) through tensors of their own (a padded call's real rows: a view of
+them, detached), and remembers how many tensors used each one's memory then (torch's use count
+of the storage, less the views ready calls keep, `our_views`). A ready full graph's steady
+state hands out the same prebuilt tensor on every call (`Handed`), so it allocates nothing; it
+counts the caller's references to that tensor (`sys.getrefcount`) instead of asking whether a
+fresh one is alive. Before a replay the backend asks `still_held()`, then `release()`: the
 caller still uses an output's memory if the tensor handed out is alive (it is no view, so a
 view of it keeps it alive) or its memory has more users than then (a `detach()` of it, kept
 after the output itself was dropped). An output held only through the tensor handed out
@@ -31,8 +33,10 @@ live in a static buffer the next call refills: they are always copied.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Sequence
+from sys import getrefcount
 from typing import Any
 
 import torch
@@ -88,9 +92,41 @@ def _kept(held: Held) -> bool:
     return _storage_users(handed) - held[3][0] > users
 
 
-Source = tuple[int, torch.Tensor, weakref.ref[Any], list[int]]
-"""What a ready full graph hands out at one position (`Outputs.prebuilt`): the position, the
-tensor to detach, a weak reference to the graph's output, its `our_views`."""
+class Handed:
+    """One output of a ready full graph as handed out on every call: the same tensor each time
+    (`tensor`, a detached alias of `source`, the graph's output or its real rows), so a steady
+    call allocates nothing. The caller still holds it at the next call if the tensor has more
+    references than ours (`refs`), or its memory more users than at the hand-out (`users`: an
+    alias or a view the caller made). A held one gets its data moved under it (`fresh` then
+    makes a new one); the tensor is counted in `our_views` while it is ours."""
+
+    __slots__ = ("position", "source", "tensor", "refs", "users", "cdata", "ours", "__weakref__")
+
+    def __init__(self, position: int, source: torch.Tensor, graph_output: torch.Tensor) -> None:
+        self.position = position
+        self.source = source
+        """Keeps the storage `cdata` points to alive."""
+        self.cdata = source.untyped_storage()._cdata
+        self.ours = our_views(graph_output)
+        self.tensor = source  # replaced by fresh()
+        self.refs = self.users = 0
+        self.ours[0] += 1
+        self.fresh()
+        weakref.finalize(self, _forget_view, self.ours)
+
+    def fresh(self) -> None:
+        """A new tensor to hand out, after the last one was moved off graph memory."""
+        self.tensor = self.source.detach()
+        self.refs = getrefcount(self.tensor)  # the expression `held` and `still_held` compare
+        self.users = _use_count(self.cdata)
+
+    def held(self) -> bool:
+        """Whether the caller keeps this tensor or something made from it (on its memory)."""
+        return getrefcount(self.tensor) > self.refs or _use_count(self.cdata) > self.users
+
+
+_use_count = torch._C._storage_Use_Count
+"""Tensors (and storage objects) sharing the storage at a `cdata` address."""
 
 
 class Outputs:
@@ -102,24 +138,30 @@ class Outputs:
         self.buffers = plan.buffer_outputs
         self.copies = False
         """Graph-memory outputs are copied (a caller held them across a call)."""
-        self._held: list[Held] = []
-        """Per output of the last call: more users of its memory at the next call, or as many
-        with the handed tensor gone, means the caller keeps something on graph memory."""
+        self._held: Sequence[Held] = ()
+        """Per output of the last call (`hand_out`): more users of its memory at the next call,
+        or as many with the handed tensor gone, means the caller keeps something on graph
+        memory."""
+        self._handed: tuple[Handed, ...] = ()
+        """The last call's outputs, where a ready full graph handed them (`hand_out_prebuilt`)."""
         self._held_in_graph_memory = True
         """Whether the last call's outputs came from graphs (not from a warm-up run)."""
-        self._pinned: list[Held] = []
-        """Held outputs (as in `_held`) that could not be moved (`start_copying`)."""
+        self._pinned: list[Callable[[], bool]] = []
+        """Whether each held output that could not be moved is still kept (`start_copying`)."""
 
     def still_held(self) -> bool:
         """Whether the caller still references an output of the last graphed call (the tensor
         handed out, or anything made from it), or something pinned (`start_copying`)."""
+        for h in self._handed:  # `Handed.held`, inlined: the steady state asks on every call
+            if getrefcount(h.tensor) > h.refs or _use_count(h.cdata) > h.users:
+                return True
         for held in self._held:
             if held[0]() is not None or _kept(held):
                 return True
         return bool(self._pinned) and self._still_pinned()
 
     def _still_pinned(self) -> bool:
-        self._pinned = [held for held in self._pinned if _kept(held)]
+        self._pinned = [kept for kept in self._pinned if kept()]
         return bool(self._pinned)
 
     def release(self) -> bool:
@@ -130,14 +172,19 @@ class Outputs:
             return False
         if any(_kept(held) for held in self._held):
             return False
+        if any(_use_count(handed.cdata) > handed.users for handed in self._handed):
+            return False
+        held = [handed for handed in self._handed if handed.held()]
         movable = [t for t in (held[0]() for held in self._held) if t is not None]
         try:
-            for t in movable:
+            for t in movable + [handed.tensor for handed in held]:
                 copy = t.clone()
                 t.set_(copy.untyped_storage(), copy.storage_offset(), copy.size(), copy.stride())
         except RuntimeError:  # an inference tensor, now outside inference mode
             return False
-        self._held = []
+        for handed in held:
+            handed.fresh()
+        self._held, self._handed = (), ()
         return True
 
     def start_copying(self) -> None:
@@ -145,8 +192,9 @@ class Outputs:
         the instance's graph memory: no graph may replay until they are gone."""
         self.copies = True
         if self._held_in_graph_memory:
-            self._pinned += self._held
-        self._held = []
+            self._pinned += [functools.partial(_kept, held) for held in self._held]
+        self._pinned += [handed.held for handed in self._handed]  # ours: not moved, counted
+        self._held, self._handed = (), ()
 
     def hand_out(
         self,
@@ -190,35 +238,30 @@ class Outputs:
                 out[i] = out[i].clone()
         for i in self.buffers:
             out[i] = out[i].clone()
-        self._held = held
+        self._held, self._handed = held, ()
         return out
 
     def prebuilt(
         self, graph_out: Sequence[Any], n: int, padded: int, rows: dict[int, Any] | None
-    ) -> tuple[Source, ...] | None:
+    ) -> tuple[Handed, ...] | None:
         """What `hand_out_prebuilt` hands out for a full graph whose replays return the same
-        tensors `graph_out`: a `Source` per handed output, whose tensor to detach is `rows`'
-        view of the real rows or the output. None where `hand_out` has more to do (buffer
-        outputs, unhanded batch outputs to slice)."""
+        tensors `graph_out`: a `Handed` per handed output, an alias of `rows`' view of its real
+        rows or of the output. None where `hand_out` has more to do (buffer outputs, unhanded
+        batch outputs to slice)."""
         if self.buffers or (padded != n and not set(self.batch) <= set(rows or ())):
             return None
         return tuple(
-            (
-                i,
-                rows[i] if rows and i in rows else graph_out[i],
-                weakref.ref(graph_out[i]),
-                our_views(graph_out[i]),
-            )
+            Handed(i, rows[i] if rows and i in rows else graph_out[i], graph_out[i])
             for i in self.handed
         )
 
-    def hand_out_prebuilt(self, out: Sequence[Any], sources: tuple[Source, ...]) -> list[Any]:
-        """`hand_out` of a ready full graph's replay, not copying (`prebuilt`)."""
+    def hand_out_prebuilt(self, out: Sequence[Any], handed: tuple[Handed, ...]) -> list[Any]:
+        """`hand_out` of a ready full graph's replay: the prebuilt tensors, nothing allocated
+        but the list."""
         out = list(out)
-        held = []
-        for i, source, ref, ours in sources:
-            handed = out[i] = source.detach()
-            held.append((weakref.ref(handed), ref, _storage_users(handed) - ours[0], ours))
-        self._held = held
+        for h in handed:
+            out[h.position] = h.tensor
+            h.users = _use_count(h.cdata)
+        self._held, self._handed = (), handed
         self._held_in_graph_memory = True
         return out

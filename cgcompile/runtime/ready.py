@@ -30,7 +30,7 @@ import torch
 from cgcompile.config import CUDAGraphMode
 from cgcompile.forward_context import FORWARD_CONTEXT, ForwardContext
 from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.outputs import Outputs, row_view
+from cgcompile.runtime.outputs import Handed, Outputs, row_view
 from cgcompile.runtime.static_inputs import StaticInputs, copy_into
 from cgcompile.wrappers import CapturedGraph, CUDAGraphWrapper
 
@@ -98,7 +98,7 @@ class ReadyCall:
         self.replaced = {i: static_args[i] for i in (*plan.batch_tensors, *plan.copied_tensors)}
         self.rows_out: dict[int, torch.Tensor] | None = None
         """FULL, padded: views of the real rows of each handed batch output, built once."""
-        self.prebuilt = None
+        self.prebuilt: tuple[Handed, ...] | None = None
         """FULL: what `Outputs.hand_out_prebuilt` hands out; None where `hand_out` runs."""
         if graph is not None:
             if padded != n:
