@@ -174,15 +174,15 @@ class Outputs:
             return False
         if any(_use_count(handed.cdata) > handed.users for handed in self._handed):
             return False
-        held = [handed for handed in self._handed if handed.held()]
+        kept = [handed for handed in self._handed if handed.held()]  # by the caller alone
         movable = [t for t in (held[0]() for held in self._held) if t is not None]
         try:
-            for t in movable + [handed.tensor for handed in held]:
+            for t in movable + [handed.tensor for handed in kept]:
                 copy = t.clone()
                 t.set_(copy.untyped_storage(), copy.storage_offset(), copy.size(), copy.stride())
         except RuntimeError:  # an inference tensor, now outside inference mode
             return False
-        for handed in held:
+        for handed in kept:
             handed.fresh()
         self._held, self._handed = (), ()
         return True
