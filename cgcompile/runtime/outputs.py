@@ -108,8 +108,6 @@ class Handed:
         """Keeps the storage `cdata` points to alive."""
         self.cdata = source.untyped_storage()._cdata
         self.ours = our_views(graph_output)
-        self.tensor = source  # replaced by fresh()
-        self.refs = self.users = 0
         self.ours[0] += 1
         self.fresh()
         weakref.finalize(self, _forget_view, self.ours)

@@ -36,13 +36,18 @@ class PaddedBatchOne:
         self.size_positions = size_positions
         self.__wrapped__ = graph  # what `cgcompile.trusted` binds
         self.traced = traced
-        self._insert = _inserter(tuple(p - k for k, p in enumerate(size_positions)))
+        self._cuts = tuple(p - k for k, p in enumerate(size_positions))
+        """Where 1 goes, as positions in the batch-1 graph's arguments."""
         self._warned = False
 
     def __call__(self, *args: Any) -> Any:
         if FORWARD_CONTEXT.get() is not None:
             return self._run_manual(args)
-        return self.graph(*self._insert(args))
+        full, start = (), 0
+        for p in self._cuts:  # one or two cuts: tuple slices, copied at C speed
+            full += args[start:p] + _ONE
+            start = p
+        return self.graph(*full, *args[start:])
 
     def _run_manual(self, args: tuple[Any, ...]) -> Any:
         counters.num_eager_fallbacks += 1
@@ -57,23 +62,3 @@ class PaddedBatchOne:
                 self.graph.report_id,
             )
         return self.traced(*args)
-
-
-def _inserter(cuts: tuple[int, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """args -> args with 1 inserted at each of `cuts` (positions in args), by tuple slices
-    (copied at C speed); one or two cuts, written out, as Dynamo passes one size or two."""
-    if len(cuts) == 1:
-        (p,) = cuts
-        return lambda args: args[:p] + _ONE + args[p:]
-    if len(cuts) == 2:
-        p, q = cuts
-        return lambda args: args[:p] + _ONE + args[p:q] + _ONE + args[q:]
-
-    def insert(args: tuple[Any, ...]) -> tuple[Any, ...]:
-        full, start = (), 0
-        for p in cuts:
-            full += args[start:p] + _ONE
-            start = p
-        return full + args[start:]
-
-    return insert
