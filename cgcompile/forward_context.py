@@ -159,9 +159,10 @@ class BatchHint:
     """Runtime modes this batch must not use, e.g. {FULL} for a feature a full graph can't hold."""
 
 
-_batch_hint: contextvars.ContextVar[BatchHint | None] = contextvars.ContextVar(
+BATCH_HINT: contextvars.ContextVar[BatchHint | None] = contextvars.ContextVar(
     "cgcompile_batch_hint", default=None
 )
+"""The hint of the enclosing `batch_hint`, or None (what the steady state reads per call)."""
 
 
 class batch_hint:  # noqa: N801 - a context manager named as users call it
@@ -199,11 +200,11 @@ class batch_hint:  # noqa: N801 - a context manager named as users call it
         self._tokens: list[contextvars.Token[BatchHint | None]] = []
 
     def __enter__(self) -> BatchHint:
-        self._tokens.append(_batch_hint.set(self.hint))
+        self._tokens.append(BATCH_HINT.set(self.hint))
         return self.hint
 
     def __exit__(self, *exc: object) -> None:
-        _batch_hint.reset(self._tokens.pop())
+        BATCH_HINT.reset(self._tokens.pop())
 
 
 _COMMON_HINTS = {u: BatchHint(u) for u in (None, True, False)}
@@ -233,4 +234,4 @@ def _checked_modes(modes: Any) -> frozenset[CUDAGraphMode]:
 
 
 def current_batch_hint() -> BatchHint | None:
-    return _batch_hint.get()
+    return BATCH_HINT.get()

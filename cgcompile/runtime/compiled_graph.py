@@ -14,6 +14,8 @@ Per call (automatic mode, the default):
 6. copy the real rows of mutated batch tensors back to the caller's; hand out the outputs
    (`outputs`: batch outputs sliced to n; a held output is moved before the next replay, a
    held view or detached alias pins graph memory: calls run without graphs until dropped).
+A call of a captured key whose instance is known and whose last outputs are free is the steady
+state (`steady`): it runs the key's prebuilt `ReadyCall`, skipping 3 and the wrappers.
 Batches no graph fits run eagerly, unpadded, on the caller's tensors (`fallbacks` says why,
 once per kind). If the caller already set a forward context (manual, vLLM-style), it is
 honoured: no dispatch, padding or copies; the module instance is checked by the identity of
@@ -39,6 +41,7 @@ from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.forward_context import (
+    BATCH_HINT,
     FORWARD_CONTEXT,
     ForwardContext,
     current_batch_hint,
@@ -113,6 +116,8 @@ class CompiledGraph:
         """Per module instance (slot): its graphs have a memory pool of their own."""
         self._sized = bool(self._variants.positions or self._variants.host)
         """Whether non-batch ints or host scalars are part of the key."""
+        self._kind_by_shape = (plan.decode_by_shape, False)
+        """`_batch_kind` without a hint."""
         self._ready: dict[tuple[Any, ...], ReadyCall] = {}
         """(slot, n, batch kind, sizes) -> the prebuilt steady state of a verified key."""
         _live_graphs.add(self)
@@ -123,6 +128,46 @@ class CompiledGraph:
         return self._report.graph_id
 
     def __call__(self, *args: Any) -> Any:
+        ready = self.steady(args)
+        if ready is not None:
+            return ready(args)
+        return self._call(args)
+
+    def steady(self, args: Any) -> ReadyCall | None:
+        """The prebuilt call of this call's key when the call is its steady state (graphs
+        captured and verified, the instance known, no output of the last call held), else None.
+        Reads only `args[i]` at the positions `steady_reads` names: a caller may pass a mapping
+        of those positions (`PaddedBatchOne`)."""
+        if (
+            not self.uses_graphs
+            or self.owner.ident != threading.get_ident()
+            or FORWARD_CONTEXT.get() is not None
+        ):
+            return None
+        slot = self.instances.known_slot(args)
+        if slot is None or (self.plan.in_place and not self.instances.same_in_place(slot, args)):
+            return None
+        n = self.plan.batch_size(args)
+        if n is None:
+            return None
+        kind = self._kind_by_shape if BATCH_HINT.get() is None else self._batch_kind(n)
+        ready = self._ready.get((slot, n, kind, self._variants.key(args) if self._sized else ()))
+        if ready is None or (ready.outputs.still_held() and not ready.outputs.release()):
+            return None
+        return ready
+
+    def steady_reads(self) -> tuple[int, ...] | None:
+        """The argument positions `steady` reads; None until the first call chose them."""
+        reps = self.instances.reps
+        if reps is None and self.instances.has_statics:
+            return None
+        plan = self.plan
+        reads = (*(reps or ()), *plan.in_place, *plan.batch_tensors, *plan.copied_tensors)
+        return tuple(sorted({*reads, *self._variants.positions, *self._variants.host}))
+
+    def _call(self, args: tuple[Any, ...]) -> Any:
+        """Every call but the steady state: the checks that may run it without graphs, then
+        `_first_calls`, or the steady state after an instance's full check."""
         if not self.uses_graphs:
             return self.runnable(*args)
         if self.owner.ident != threading.get_ident() and not self.owner.claim():
@@ -142,7 +187,7 @@ class CompiledGraph:
         key = (slot, n, kind, self._variants.key(args) if self._sized else ())
         ready = self._ready.get(key)
         if ready is not None and (not ready.outputs.still_held() or ready.outputs.release()):
-            return ready(args)  # the steady state
+            return ready(args)  # the steady state, after a full check of the instance
         return self._first_calls(args, slot, n, kind, key)
 
     def _batch_kind(self, n: int) -> tuple[bool, bool] | None:
@@ -150,7 +195,7 @@ class CompiledGraph:
         inputs' shape (`plan.decode_by_shape`); None when the hint forbids runtime modes."""
         hint = current_batch_hint()
         if hint is None:
-            return self.plan.decode_by_shape, False
+            return self._kind_by_shape
         if hint.invalid_modes:
             return None
         uniform = hint.uniform_decode

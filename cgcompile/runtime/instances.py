@@ -117,14 +117,32 @@ class InstanceSlots:
 
     def slot_of(self, args: Sequence[Any]) -> int | None:
         """The slot of the instance whose static tensors `args` carries, new if unseen."""
+        slot = self.known_slot(args)
+        if slot is not None:
+            return slot
         if not self._static:
             return self._slot_without_statics()
-        reps = self._reps
-        if reps is not None:
-            slot = self._by_reps.get((id(args[reps[0]]), id(args[reps[1]])))
-            if slot is not None and self._slots[slot].checked == EVENTS.count:
-                return slot
         return self._full_check(args)
+
+    def known_slot(self, args: Sequence[Any]) -> int | None:
+        """`slot_of` where the two representatives name a slot checked in full since the last
+        parameter event (the steady state); else None. Reads `args` at `reps` only."""
+        reps = self._reps
+        if reps is None:
+            return 0 if not self._static and self._slots else None
+        slot = self._by_reps.get((id(args[reps[0]]), id(args[reps[1]])))
+        if slot is not None and self._slots[slot].checked == EVENTS.count:
+            return slot
+        return None
+
+    @property
+    def reps(self) -> tuple[int, int] | None:
+        """Positions of the two representative tensors; None before the first call."""
+        return self._reps
+
+    @property
+    def has_statics(self) -> bool:
+        return bool(self._static)
 
     def _full_check(self, args: Sequence[Any]) -> int | None:
         self.full_checks += 1

@@ -6,7 +6,9 @@ as an int and calls the dynamic `CompiledGraph`, whose capture sizes start at 2:
 padded to 2 rows like any batch between capture sizes and its outputs are sliced back, and a
 call that runs without graphs runs its traced graph, never code compiled for 2 or more rows.
 Only a caller that sets the forward context itself (manual mode, where nothing pads) gets the
-batch-1 graph as traced, run eagerly, with one WARNING.
+batch-1 graph as traced, run eagerly, with one WARNING. A captured full graph's steady state
+does not rebuild the arguments (they grow with the parameters): the dynamic graph's
+`CompiledGraph.steady` runs on a dict of the few positions it reads, taken from this graph's.
 
     served = PaddedBatchOne(dynamic_graph, size_positions=(0, 5), traced=gm.forward)
     out = served(*dynamo_args)      # = dynamic_graph(1, *args[:5], 1, *args[5:]) for (0, 5)
@@ -14,7 +16,9 @@ batch-1 graph as traced, run eagerly, with one WARNING.
 
 from __future__ import annotations
 
+import bisect
 import logging
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -39,8 +43,20 @@ class PaddedBatchOne:
         self._cuts = tuple(p - k for k, p in enumerate(size_positions))
         """Where 1 goes, as positions in the batch-1 graph's arguments."""
         self._warned = False
+        self._read: tuple[tuple[int, ...], Callable[..., tuple[Any, ...]]] | None = None
+        """(positions the graph's steady state reads, in the dynamic graph's arguments; a
+        getter of those arguments from this graph's): `CompiledGraph.steady` runs on a dict of
+        them."""
 
     def __call__(self, *args: Any) -> Any:
+        read = self._read
+        if read is not None:  # the steady state of a full graph, without rebuilding `args`
+            values = dict(zip(read[0], read[1](args), strict=False))  # a repeat dropped
+            ready = self.graph.steady(values)
+            if ready is not None and ready.graph is not None:
+                return ready(values)
+        elif self._reads_from_now():
+            return self(*args)
         if FORWARD_CONTEXT.get() is not None:
             return self._run_manual(args)
         full, start = (), 0
@@ -48,6 +64,17 @@ class PaddedBatchOne:
             full += args[start:p] + _ONE
             start = p
         return self.graph(*full, *args[start:])
+
+    def _reads_from_now(self) -> bool:
+        """Set `_read` once the graph names what its steady state reads (after its first call):
+        those positions of the dynamic graph's arguments and a getter of them from this graph's."""
+        reads = self.graph.steady_reads()
+        if reads is None:
+            return False
+        here = [i - bisect.bisect_left(self.size_positions, i) for i in reads]
+        getter = operator.itemgetter(*here, *here[:1])  # a tuple even for one position
+        self._read = (reads, getter)
+        return True
 
     def _run_manual(self, args: tuple[Any, ...]) -> Any:
         counters.num_eager_fallbacks += 1

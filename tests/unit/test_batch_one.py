@@ -58,6 +58,33 @@ def test_batch_one_replays_the_dynamic_graph_padded_to_two(mode):
     assert keys and not any(k.startswith("1") for k in keys)  # batch 1 replays size 2
 
 
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])
+def test_a_steady_batch_one_call_reads_only_what_it_copies(mode, monkeypatch):
+    """Once captured, a batch-1 call replays without rebuilding Dynamo's argument list (it grows
+    with the parameters): the steady state reads the few inputs it checks and copies; a replaced
+    parameter still gets graphs of its own."""
+    compiled, model, reference = _llama_pair(mode)
+    from cgcompile.runtime.compiled_graph import CompiledGraph
+
+    with torch.no_grad():
+        for n in (8, 1, 1, 1):
+            _step(compiled, reference, n, decode=True)
+        slow = []
+        original = CompiledGraph.__call__
+        counted = lambda g, *a: slow.append(1) or original(g, *a)  # noqa: E731
+        monkeypatch.setattr(CompiledGraph, "__call__", counted)
+        for _ in range(4):
+            _step(compiled, reference, 1, decode=True)
+        assert slow == []
+        weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight))
+        model.lm_head.weight = weight
+        reference.lm_head.weight = torch.nn.Parameter(weight.detach().clone())
+        for _ in range(4):  # a full check, then graphs of the new instance's own
+            _step(compiled, reference, 1, decode=True)
+    assert slow and len(slow) < 4
+    torch.testing.assert_close(_read_slots(model), _read_slots(reference))
+
+
 def test_batch_one_own_compiles_it_apart():
     compiled, model, reference = _llama_pair("FULL", batch_one="own")
     with torch.no_grad(), cgcompile.counters.expect(num_graphs_seen=2, num_graphs_shared=0):
