@@ -35,7 +35,10 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable
+from sys import getrefcount
 from typing import Any
+
+import torch
 
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
@@ -50,7 +53,7 @@ from cgcompile.forward_context import (
 from cgcompile.runtime import bulk_capture
 from cgcompile.runtime.fallbacks import FallbackLog
 from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.instances import InstanceSlots, weak_method
+from cgcompile.runtime.instances import EVENTS, InstanceSlots, weak_method
 from cgcompile.runtime.outputs import Outputs
 from cgcompile.runtime.ownership import ThreadOwner
 from cgcompile.runtime.ready import ReadyCall, ready_call
@@ -61,6 +64,9 @@ from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
 
 logger = logging.getLogger(__name__)
 NONE = CUDAGraphMode.NONE
+MISS = object()
+"""What `CompiledGraph.steady` returns for a call that is not a steady state."""
+_use_count = torch._C._storage_Use_Count
 
 _live_graphs: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 
@@ -128,33 +134,74 @@ class CompiledGraph:
         return self._report.graph_id
 
     def __call__(self, *args: Any) -> Any:
-        ready = self.steady(args)
-        if ready is not None:
-            return ready(args)
+        out = self.steady(args)
+        if out is not MISS:
+            return out
         return self._call(args)
 
-    def steady(self, args: Any) -> ReadyCall | None:
-        """The prebuilt call of this call's key when the call is its steady state (graphs
-        captured and verified, the instance known, no output of the last call held), else None.
-        Reads only `args[i]` at the positions `steady_reads` names: a caller may pass a mapping
-        of those positions (`PaddedBatchOne`)."""
+    def steady(self, args: Any, any_ready: bool = True) -> Any:
+        """The outputs of this call if it is the steady state of a key (graphs captured and
+        verified, the instance known, no output of the last call held), else `MISS`.
+
+        Top to bottom in one frame, what the collaborators' methods would do inlined
+        (`InstanceSlots.known_slot`, `InputPlan.batch_size`, `Outputs.still_held` for the
+        usual case, a full `ReadyCall` with `Outputs.hand_out_prebuilt`): it runs right after
+        Dynamo's guard check, with the CPU's caches cold, where every frame and object it
+        touches costs. Reads only `args[i]` at the positions `steady_reads` names: a caller may
+        pass a mapping of those (`PaddedBatchOne`, with `any_ready=False`: then a key whose
+        `ReadyCall` is not `inline` is a MISS, as its call reads every argument)."""
         if (
-            not self.uses_graphs
-            or self.owner.ident != threading.get_ident()
+            self.owner.ident != threading.get_ident()
             or FORWARD_CONTEXT.get() is not None
+            or not self.uses_graphs
         ):
-            return None
-        slot = self.instances.known_slot(args)
-        if slot is None or (self.plan.in_place and not self.instances.same_in_place(slot, args)):
-            return None
-        n = self.plan.batch_size(args)
-        if n is None:
-            return None
+            return MISS
+        instances = self.instances
+        reps = instances.reps
+        if reps is None:
+            slot = instances.known_slot(args)  # a graph without parameters or buffers
+        else:
+            slot = instances.by_reps.get((id(args[reps[0]]), id(args[reps[1]])))
+            if slot is not None and instances.slots[slot].checked != EVENTS.count:
+                slot = None  # a parameter event since its last full check
+        if slot is None or (self.plan.in_place and not instances.same_in_place(slot, args)):
+            return MISS
+        batch = self.plan.batch_tensors
+        if not batch:
+            return MISS
+        n = args[batch[0]].shape[0]
+        for i in batch:
+            if args[i].shape[0] != n:
+                return MISS
         kind = self._kind_by_shape if BATCH_HINT.get() is None else self._batch_kind(n)
         ready = self._ready.get((slot, n, kind, self._variants.key(args) if self._sized else ()))
-        if ready is None or (ready.outputs.still_held() and not ready.outputs.release()):
-            return None
-        return ready
+        if ready is None:
+            return MISS
+        outputs = ready.outputs
+        if outputs.last_held or outputs.pinned:
+            if outputs.still_held() and not outputs.release():
+                return MISS
+        else:
+            for h in outputs.last_handed:  # `Handed.held`
+                if getrefcount(h.tensor) > h.refs or _use_count(h.cdata) > h.users:
+                    if not outputs.release():
+                        return MISS
+                    break
+        if not ready.inline or outputs.copies:
+            return ready(args) if any_ready else MISS
+        torch._foreach_copy_(ready.targets, ready.gather(args))
+        for rows in ready.marked:
+            if rows.dirty != n:  # pad rows an earlier call wrote, or note n data rows
+                rows.written(n)
+        ready.launch()
+        out = list(ready.output)
+        handed = ready.prebuilt
+        for h in handed:  # `Outputs.hand_out_prebuilt`
+            out[h.position] = h.tensor
+            h.users = _use_count(h.cdata)
+        outputs.last_held, outputs.last_handed = (), handed
+        outputs.held_in_graph_memory = True
+        return out
 
     def steady_reads(self) -> tuple[int, ...] | None:
         """The argument positions `steady` reads; None until the first call chose them."""

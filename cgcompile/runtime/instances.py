@@ -102,12 +102,13 @@ class InstanceSlots:
         self._in_place = tuple(in_place)
         # a tuple even for one index: that one is repeated
         self._get = operator.itemgetter(*static, *static[:1]) if static else lambda args: ()
-        self._slots: list[Instance | None] = []
-        self._reps: tuple[int, int] | None = None
+        self.slots: list[Instance | None] = []
+        self.reps: tuple[int, int] | None = None
         """Positions of the two representative tensors, chosen at the first call."""
-        self._by_reps: dict[tuple[int, int], int] = {}
+        self.by_reps: dict[tuple[int, int], int] = {}
         """`id`s of the representatives -> slot, for instances whose pair is theirs alone (a
-        pair shared by live instances is in `_shared`)."""
+        pair shared by live instances is in `_shared`). `known_slot` reads these three, and
+        `CompiledGraph.steady` too (inlined)."""
         self._shared: set[tuple[int, int]] = set()
         self.full_checks = 0
         """Calls whose static tensors were compared in full (the rest cost one lookup)."""
@@ -127,18 +128,13 @@ class InstanceSlots:
     def known_slot(self, args: Sequence[Any]) -> int | None:
         """`slot_of` where the two representatives name a slot checked in full since the last
         parameter event (the steady state); else None. Reads `args` at `reps` only."""
-        reps = self._reps
+        reps = self.reps
         if reps is None:
-            return 0 if not self._static and self._slots else None
-        slot = self._by_reps.get((id(args[reps[0]]), id(args[reps[1]])))
-        if slot is not None and self._slots[slot].checked == EVENTS.count:
+            return 0 if not self._static and self.slots else None
+        slot = self.by_reps.get((id(args[reps[0]]), id(args[reps[1]])))
+        if slot is not None and self.slots[slot].checked == EVENTS.count:
             return slot
         return None
-
-    @property
-    def reps(self) -> tuple[int, int] | None:
-        """Positions of the two representative tensors; None before the first call."""
-        return self._reps
 
     @property
     def has_statics(self) -> bool:
@@ -148,38 +144,38 @@ class InstanceSlots:
         self.full_checks += 1
         statics = self._get(args)
         ids = tuple(map(id, statics))
-        slot = next((k for k, inst in enumerate(self._slots) if inst and inst.ids == ids), None)
+        slot = next((k for k, inst in enumerate(self.slots) if inst and inst.ids == ids), None)
         if slot is None:
             slot = self._add(ids, statics)
             if slot is None:
                 return None
-        self._slots[slot].checked = EVENTS.count
-        if self._reps is None:
+        self.slots[slot].checked = EVENTS.count
+        if self.reps is None:
             params = [i for i in self._static if isinstance(args[i], torch.nn.Parameter)]
-            self._reps = (params[0], params[-1]) if params else (self._static[0], self._static[-1])
-        pair = (id(args[self._reps[0]]), id(args[self._reps[1]]))
+            self.reps = (params[0], params[-1]) if params else (self._static[0], self._static[-1])
+        pair = (id(args[self.reps[0]]), id(args[self.reps[1]]))
         if pair not in self._shared:
-            owner = self._by_reps.setdefault(pair, slot)
-            if owner != slot and self._slots[owner] is not None:
+            owner = self.by_reps.setdefault(pair, slot)
+            if owner != slot and self.slots[owner] is not None:
                 self._shared.add(pair)  # two live instances share both representatives
-                del self._by_reps[pair]
+                del self.by_reps[pair]
             else:
-                self._by_reps[pair] = slot
+                self.by_reps[pair] = slot
         return slot
 
     def _slot_without_statics(self) -> int:
         """A graph without parameters or buffers: every call is the one instance."""
-        if not self._slots:
-            self._slots.append(Instance((), []))
+        if not self.slots:
+            self.slots.append(Instance((), []))
         return 0
 
     def live(self) -> list[int]:
-        return [slot for slot, instance in enumerate(self._slots) if instance is not None]
+        return [slot for slot, instance in enumerate(self.slots) if instance is not None]
 
     def same_in_place(self, slot: int, args: Sequence[Any]) -> bool:
         """Whether the inputs written in place are where this instance's first call had them:
         its graphs read and write them there."""
-        instance = self._slots[slot]
+        instance = self.slots[slot]
         ptrs = tuple(args[i].data_ptr() for i in self._in_place)
         if instance.in_place_ptrs is None:
             instance.in_place_ptrs = ptrs
@@ -189,7 +185,7 @@ class InstanceSlots:
     def remember(self, slot: int, args: Sequence[Any], with_graphs: bool) -> None:
         """Keep arguments for `capture_all`: the first call's, replaced once by the first
         call's with graphs; the model's and in-place tensors weakly."""
-        instance = self._slots[slot]
+        instance = self.slots[slot]
         if instance is None or instance.example_has_graphs:
             return
         if instance.example is None or with_graphs:
@@ -205,36 +201,36 @@ class InstanceSlots:
 
     def example(self, slot: int) -> list[Any] | None:
         """The remembered arguments, or None if there are none or one was freed."""
-        instance = self._slots[slot]
+        instance = self.slots[slot]
         if instance is None or instance.example is None:
             return None
         args = [a() if isinstance(a, weakref.ref) else a for a in instance.example]
         return None if any(a is None for a in args) else args
 
     def _add(self, ids: tuple[int, ...], statics: tuple[Any, ...]) -> int | None:
-        free = [slot for slot, instance in enumerate(self._slots) if instance is None]
-        if not free and len(self._slots) >= MAX_INSTANCES:
+        free = [slot for slot, instance in enumerate(self.slots) if instance is None]
+        if not free and len(self.slots) >= MAX_INSTANCES:
             return None
-        slot = free[0] if free else len(self._slots)
+        slot = free[0] if free else len(self.slots)
         instance = Instance(ids, [])
         unique = {id(t): t for t in statics}.values()
         instance.refs = [
             weakref.ref(t, lambda _, s=slot, i=instance: self._drop(s, i)) for t in unique
         ]
         if free:
-            self._slots[slot] = instance
+            self.slots[slot] = instance
         else:
-            self._slots.append(instance)
+            self.slots.append(instance)
         self._borrow(unique)
         return slot
 
     def _drop(self, slot: int, instance: Instance) -> None:
         """A static tensor of `instance` was freed: forget the instance and its graphs."""
         EVENTS.bump()  # its id may now name a new tensor
-        if slot < len(self._slots) and self._slots[slot] is instance:
-            self._slots[slot] = None
-            for pair in [p for p, s in self._by_reps.items() if s == slot]:
-                del self._by_reps[pair]
+        if slot < len(self.slots) and self.slots[slot] is instance:
+            self.slots[slot] = None
+            for pair in [p for p, s in self.by_reps.items() if s == slot]:
+                del self.by_reps[pair]
             self._on_drop(slot)
 
 

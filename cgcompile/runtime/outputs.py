@@ -136,44 +136,44 @@ class Outputs:
         self.buffers = plan.buffer_outputs
         self.copies = False
         """Graph-memory outputs are copied (a caller held them across a call)."""
-        self._held: Sequence[Held] = ()
+        self.last_held: Sequence[Held] = ()
         """Per output of the last call (`hand_out`): more users of its memory at the next call,
         or as many with the handed tensor gone, means the caller keeps something on graph
         memory."""
-        self._handed: tuple[Handed, ...] = ()
+        self.last_handed: tuple[Handed, ...] = ()
         """The last call's outputs, where a ready full graph handed them (`hand_out_prebuilt`)."""
-        self._held_in_graph_memory = True
+        self.held_in_graph_memory = True
         """Whether the last call's outputs came from graphs (not from a warm-up run)."""
-        self._pinned: list[Callable[[], bool]] = []
+        self.pinned: list[Callable[[], bool]] = []
         """Whether each held output that could not be moved is still kept (`start_copying`)."""
 
     def still_held(self) -> bool:
         """Whether the caller still references an output of the last graphed call (the tensor
         handed out, or anything made from it), or something pinned (`start_copying`)."""
-        for h in self._handed:  # `Handed.held`, inlined: the steady state asks on every call
+        for h in self.last_handed:  # `Handed.held`, inlined: the steady state asks on every call
             if getrefcount(h.tensor) > h.refs or _use_count(h.cdata) > h.users:
                 return True
-        for held in self._held:
+        for held in self.last_held:
             if held[0]() is not None or _kept(held):
                 return True
-        return bool(self._pinned) and self._still_pinned()
+        return bool(self.pinned) and self._still_pinned()
 
     def _still_pinned(self) -> bool:
-        self._pinned = [kept for kept in self._pinned if kept()]
-        return bool(self._pinned)
+        self.pinned = [kept for kept in self.pinned if kept()]
+        return bool(self.pinned)
 
     def release(self) -> bool:
         """Move a copy of its data under each held output, so the next replay may write graph
         memory; False (nothing must replay) when the caller keeps something else made from one
         (a view, a detached alias), which cannot move, or a pinned one is still kept."""
-        if self._pinned and self._still_pinned():
+        if self.pinned and self._still_pinned():
             return False
-        if any(_kept(held) for held in self._held):
+        if any(_kept(held) for held in self.last_held):
             return False
-        if any(_use_count(handed.cdata) > handed.users for handed in self._handed):
+        if any(_use_count(handed.cdata) > handed.users for handed in self.last_handed):
             return False
-        kept = [handed for handed in self._handed if handed.held()]  # by the caller alone
-        movable = [t for t in (held[0]() for held in self._held) if t is not None]
+        kept = [handed for handed in self.last_handed if handed.held()]  # by the caller alone
+        movable = [t for t in (held[0]() for held in self.last_held) if t is not None]
         try:
             for t in movable + [handed.tensor for handed in kept]:
                 copy = t.clone()
@@ -182,17 +182,17 @@ class Outputs:
             return False
         for handed in kept:
             handed.fresh()
-        self._held, self._handed = (), ()
+        self.last_held, self.last_handed = (), ()
         return True
 
     def start_copying(self) -> None:
         """Copy graph-memory outputs from now on; the held ones that could not be moved pin
         the instance's graph memory: no graph may replay until they are gone."""
         self.copies = True
-        if self._held_in_graph_memory:
-            self._pinned += [functools.partial(_kept, held) for held in self._held]
-        self._pinned += [handed.held for handed in self._handed]  # ours: not moved, counted
-        self._held, self._handed = (), ()
+        if self.held_in_graph_memory:
+            self.pinned += [functools.partial(_kept, held) for held in self.last_held]
+        self.pinned += [handed.held for handed in self.last_handed]  # ours: not moved, counted
+        self.last_held, self.last_handed = (), ()
 
     def hand_out(
         self,
@@ -210,7 +210,7 @@ class Outputs:
         `kept_by_graph`: False for a first call's outputs (a capture's), which the graph does
         not keep although their memory is the graph's: held here until the next call, so that
         their users can still be counted then."""
-        self._held_in_graph_memory = graphed
+        self.held_in_graph_memory = graphed
         strong = graphed and not kept_by_graph
         out = list(out)
         held = []
@@ -236,7 +236,7 @@ class Outputs:
                 out[i] = out[i].clone()
         for i in self.buffers:
             out[i] = out[i].clone()
-        self._held, self._handed = held, ()
+        self.last_held, self.last_handed = held, ()
         return out
 
     def prebuilt(
@@ -260,6 +260,6 @@ class Outputs:
         for h in handed:
             out[h.position] = h.tensor
             h.users = _use_count(h.cdata)
-        self._held, self._handed = (), handed
-        self._held_in_graph_memory = True
+        self.last_held, self.last_handed = (), handed
+        self.held_in_graph_memory = True
         return out

@@ -24,7 +24,7 @@ from typing import Any
 
 from cgcompile.counters import counters
 from cgcompile.forward_context import FORWARD_CONTEXT
-from cgcompile.runtime.compiled_graph import CompiledGraph
+from cgcompile.runtime.compiled_graph import MISS, CompiledGraph
 
 logger = logging.getLogger(__name__)
 _ONE = (1,)
@@ -52,9 +52,9 @@ class PaddedBatchOne:
         read = self._read
         if read is not None:  # the steady state of a full graph, without rebuilding `args`
             values = dict(zip(read[0], read[1](args), strict=False))  # a repeat dropped
-            ready = self.graph.steady(values)
-            if ready is not None and ready.graph is not None:
-                return ready(values)
+            out = self.graph.steady(values, any_ready=False)
+            if out is not MISS:
+                return out
         elif self._reads_from_now():
             return self(*args)
         if FORWARD_CONTEXT.get() is not None:

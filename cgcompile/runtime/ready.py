@@ -13,7 +13,9 @@ the module instance's `Outputs`. A later call of the key then does, top to botto
 3. copy back the real rows of batch inputs the graph writes, hand out the outputs.
 
 Nothing here grows with the model's parameters but PIECEWISE's argument list (the split graph
-takes every input, as Dynamo passes them).
+takes every input, as Dynamo passes them). The usual full graph (`inline`: no stride-0 input,
+nothing copied back, outputs prebuilt) is run by `CompiledGraph.steady` itself, steps 1-3
+inlined in its one frame; this object's call serves the rest.
 
     call = ready_call(wrappers, split_graph, plan, static_inputs, ctx, static_args, n, outputs)
     out = call(args)
@@ -94,18 +96,31 @@ class ReadyCall:
             self.rows.append((rows, view, i))
         for i in plan.copied_tensors:
             self._target(i, static_args[i])
-        self._gather = _gatherer(self.sources)
+        self.gather = _gatherer(self.sources)
         self.replaced = {i: static_args[i] for i in (*plan.batch_tensors, *plan.copied_tensors)}
         self.rows_out: dict[int, torch.Tensor] | None = None
         """FULL, padded: views of the real rows of each handed batch output, built once."""
         self.prebuilt: tuple[Handed, ...] | None = None
         """FULL: what `Outputs.hand_out_prebuilt` hands out; None where `hand_out` runs."""
+        self.launch = None if graph is None else graph.launch
+        """FULL: the graph's launch (`CapturedGraph.launch`: no Python frame where it can)."""
         if graph is not None:
             if padded != n:
                 handed = set(plan.handed_outputs) & set(plan.batch_outputs)
                 self.rows_out = {i: row_view(graph.output[i], n) for i in sorted(handed)} or None
             self.prebuilt = outputs.prebuilt(graph.output, n, padded, self.rows_out)
         self.replaced.update(dict.fromkeys(plan.size_indices, padded))
+        self.marked = tuple(rows for rows, _, _ in self.rows if rows is not None)
+        """The `Rows` of each batch input: where pad rows were written, per call."""
+        self.inline = (
+            self.prebuilt is not None
+            and not self.expanded
+            and not self.copied_back
+            and (padded == n or len(self.marked) == len(self.rows))
+        )
+        """A full graph whose call `CompiledGraph.steady` runs inline: one fused copy, pad rows
+        noted, the launch, the prebuilt outputs (else it calls this object)."""
+        self.output = graph.output if graph is not None else None
 
     def _target(self, i: int, view: torch.Tensor) -> None:
         if 0 in view.stride():
@@ -117,7 +132,7 @@ class ReadyCall:
     def __call__(self, args: tuple[Any, ...]) -> list[Any]:
         n, padded = self.n, self.padded
         if self.targets:
-            torch._foreach_copy_(self.targets, self._gather(args))
+            torch._foreach_copy_(self.targets, self.gather(args))
         for i, view in self.expanded:
             copy_into(view, args[i])
         for rows, view, i in self.rows:
@@ -127,7 +142,8 @@ class ReadyCall:
             elif rows.dirty != n:  # pad rows an earlier call wrote, or note n data rows
                 rows.written(n)
         if self.graph is not None:
-            out = self.graph.replay()
+            self.launch()
+            out = self.output
         else:
             out = self._run_pieces(args)
         if self.copied_back:

@@ -30,6 +30,12 @@ class CapturedGraph(Protocol):
 
     def replay(self) -> Any: ...
 
+    @property
+    def launch(self) -> Callable[[], Any]:
+        """`replay` without its result, as cheap a callable as the runtime has (the steady
+        state calls it on every call)."""
+        ...
+
 
 class GraphRuntime(Protocol):
     """Captures callables into graphs; one instance per compiled model (one shared pool)."""

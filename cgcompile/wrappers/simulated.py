@@ -74,6 +74,10 @@ class SimulatedGraph:
             )
         return args
 
+    @property
+    def launch(self) -> Callable[[], Any]:
+        return self.replay
+
     def replay(self) -> Any:
         fresh = _tensor_leaves(self.fn(*self.args))
         written: set[int] = set()

@@ -15,7 +15,7 @@ from torch import nn
 import cgcompile
 from cgcompile.runtime import static_inputs
 from cgcompile.runtime.instances import EVENTS
-from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
+from examples.llama import Llama, LlamaConfig, _read_slots, make_inputs, mark_batch
 from tests.support.state import compile_model, row_attention
 
 DECODE_SIZES = [4, 4, 4, 2, 4, 8, 3]
@@ -167,6 +167,26 @@ def test_a_loop_at_one_size_pads_nothing_after_a_larger_call(mode, monkeypatch):
             fills.append(0)
     assert fills[2] == 2  # the first 3-row call pads the rows the 8-row calls left (2 inputs)
     assert fills[3:8] == [0] * 5  # later calls, the replays of a ready key among them: none
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])
+def test_a_steady_call_pads_the_rows_a_larger_call_left(mode):
+    """A ready key replayed after a larger batch wrote its static rows: the pad rows get the
+    pad value again (else the stale row's token writes the KV cache at its old position)."""
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.tiny()).eval()
+    eager = copy.deepcopy(model)
+    compiled = compile_model(model, mode)
+    with torch.no_grad(), cgcompile.batch_hint(uniform_decode=True):
+        for step, n in enumerate([3, 3, 3, 8, 8, 8, 3, 3]):  # 3 rows padded to 4
+            tokens, positions = make_inputs(
+                model.cfg, n, "cpu", torch.Generator().manual_seed(step)
+            )
+            mark_batch(model.cfg, tokens, positions)
+            torch.testing.assert_close(
+                compiled(tokens, positions), eager(tokens, positions), rtol=1e-4, atol=1e-4
+            )
+    torch.testing.assert_close(_read_slots(model), _read_slots(eager), rtol=1e-4, atol=1e-4)
 
 
 class HFLike(nn.Module):
