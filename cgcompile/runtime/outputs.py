@@ -98,9 +98,20 @@ class Handed:
     call allocates nothing. The caller still holds it at the next call if the tensor has more
     references than ours (`refs`), or its memory more users than at the hand-out (`users`: an
     alias or a view the caller made). A held one gets its data moved under it (`fresh` then
-    makes a new one); the tensor is counted in `our_views` while it is ours."""
+    makes a new one), and so does one the caller changed in place and dropped (`handed`); the
+    tensor is counted in `our_views` while it is ours."""
 
-    __slots__ = ("position", "source", "tensor", "refs", "users", "cdata", "ours", "__weakref__")
+    __slots__ = (
+        "position",
+        "source",
+        "tensor",
+        "refs",
+        "users",
+        "version",
+        "cdata",
+        "ours",
+        "__weakref__",
+    )
 
     def __init__(self, position: int, source: torch.Tensor, graph_output: torch.Tensor) -> None:
         self.position = position
@@ -117,6 +128,16 @@ class Handed:
         self.tensor = self.source.detach()
         self.refs = getrefcount(self.tensor)  # the expression `held` and `still_held` compare
         self.users = _use_count(self.cdata)
+        self.version = self.tensor._version
+
+    def handed(self) -> torch.Tensor:
+        """The tensor to hand out now; a fresh one if the caller changed the last in place
+        before dropping it (its version counter moved: data, shape or strides) or made it
+        require grad, which the next call's output must not inherit."""
+        if self.tensor._version != self.version or self.tensor.requires_grad:
+            self.fresh()
+        self.users = _use_count(self.cdata)
+        return self.tensor
 
     def held(self) -> bool:
         """Whether the caller keeps this tensor or something made from it (on its memory)."""
@@ -258,8 +279,7 @@ class Outputs:
         but the list."""
         out = list(out)
         for h in handed:
-            out[h.position] = h.tensor
-            h.users = _use_count(h.cdata)
+            out[h.position] = h.handed()
         self.last_held, self.last_handed = (), handed
         self.held_in_graph_memory = True
         return out

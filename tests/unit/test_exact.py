@@ -240,6 +240,32 @@ def test_what_is_kept_of_a_steady_full_call_keeps_its_values(how, rows):
     torch.testing.assert_close(kept, want)
 
 
+@pytest.mark.parametrize("change", ["unsqueeze_", "t_", "requires_grad_", "mul_"])
+@pytest.mark.parametrize("rows", [4, 3])
+def test_what_a_caller_did_to_a_dropped_steady_output_does_not_reach_the_next(change, rows):
+    """A ready full graph hands out the same tensor on every call the caller dropped the last:
+    one the caller changed in place (its shape, strides, data, or `requires_grad`) before
+    dropping it is not handed out again."""
+    compiled = compile_model(double, "FULL")
+    with torch.no_grad(), decode():
+        for _ in range(5):  # warm-up, capture, replays: then the steady state
+            x = torch.randn(rows, 4)
+            cgcompile.mark_dynamic_batch(x)
+            compiled(x)
+        changed = compiled(x)
+        getattr(changed, change)(
+            *([0] if change == "unsqueeze_" else [2] if change == "mul_" else [])
+        )
+        del changed
+        for _ in range(2):
+            y = torch.randn(rows, 4)
+            cgcompile.mark_dynamic_batch(y)
+            got, want = compiled(y), double(y)
+            torch.testing.assert_close(got, want)
+            assert got.shape == want.shape and got.stride() == want.stride()
+            assert got.requires_grad is want.requires_grad
+
+
 @pytest.mark.parametrize("rows", [4, 3])
 @pytest.mark.parametrize("mode", GRAPH_MODES)
 def test_a_view_of_a_replayed_output_pins_graph_memory_until_it_is_dropped(mode, rows):
