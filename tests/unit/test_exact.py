@@ -220,6 +220,15 @@ def test_detached_outputs_kept_across_calls_keep_their_values(mode, rows):
     calls_keeping(mode, keep=lambda out: out.detach(), rows=rows)
 
 
+def _steady(compiled, rows: int) -> torch.Tensor:
+    """Calls until the key of `rows` rows is in the steady state; the last call's input."""
+    for _ in range(5):  # warm-up, capture, replays
+        x = torch.randn(rows, 4)
+        cgcompile.mark_dynamic_batch(x)
+        compiled(x)
+    return x
+
+
 @pytest.mark.parametrize("how", ["output", "view", "detached"])
 @pytest.mark.parametrize("rows", [4, 3])
 def test_what_is_kept_of_a_steady_full_call_keeps_its_values(how, rows):
@@ -228,10 +237,7 @@ def test_what_is_kept_of_a_steady_full_call_keeps_its_values(how, rows):
     their outputs."""
     compiled = compile_model(double, "FULL")
     with torch.no_grad(), decode():
-        for _ in range(5):  # warm-up, capture, replays: then the steady state
-            x = torch.randn(rows, 4)
-            cgcompile.mark_dynamic_batch(x)
-            compiled(x)
+        x = _steady(compiled, rows)
         kept, want = _KEEPERS[how](compiled(x)), _KEEPERS[how](double(x))
         for _ in range(2):
             y = torch.randn(rows, 4)
@@ -248,14 +254,9 @@ def test_what_a_caller_did_to_a_dropped_steady_output_does_not_reach_the_next(ch
     dropping it is not handed out again."""
     compiled = compile_model(double, "FULL")
     with torch.no_grad(), decode():
-        for _ in range(5):  # warm-up, capture, replays: then the steady state
-            x = torch.randn(rows, 4)
-            cgcompile.mark_dynamic_batch(x)
-            compiled(x)
+        x = _steady(compiled, rows)
         changed = compiled(x)
-        getattr(changed, change)(
-            *([0] if change == "unsqueeze_" else [2] if change == "mul_" else [])
-        )
+        getattr(changed, change)(*{"unsqueeze_": [0], "mul_": [2]}.get(change, []))
         del changed
         for _ in range(2):
             y = torch.randn(rows, 4)
