@@ -138,6 +138,7 @@ class InstanceSlots:
 
     @property
     def has_statics(self) -> bool:
+        """Whether the graph takes parameters or buffers (else one instance serves every call)."""
         return bool(self._static)
 
     def _full_check(self, args: Sequence[Any]) -> int | None:
