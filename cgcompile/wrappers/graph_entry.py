@@ -6,6 +6,8 @@ entry = wrapper.entries[key]      # a `GraphEntry`; key: (batch descriptor, size
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -34,3 +36,11 @@ class GraphEntry:
     addresses: tuple[tuple[int, int], ...] = ()
     """(arg position, data_ptr) that every replay in manual mode checks: the non-empty args of
     `input_layout` (an empty tensor has no data to read) but the wrapper's fixed args."""
+    launch: Callable[[], Any] = dataclasses.field(init=False, repr=False, compare=False)
+    """`graph.launch`, bound once: what the steady state calls (then it returns `output`)."""
+    output: Any = dataclasses.field(init=False, repr=False, compare=False)
+    """`graph.output`: what a replay writes."""
+
+    def __post_init__(self) -> None:
+        self.launch = self.graph.launch
+        self.output = self.graph.output
