@@ -196,13 +196,8 @@ class CompiledGraph:
         ready.launch()
         out = list(ready.output)
         handed = ready.prebuilt
-        for h in handed:  # `Outputs.hand_out_prebuilt`, `Handed.handed` inlined
-            tensor = h.tensor
-            if tensor._version != h.version or tensor.requires_grad:
-                h.fresh()  # the caller changed the last one in place, then dropped it
-                tensor = h.tensor
-            out[h.position] = tensor
-            h.users = _use_count(h.cdata)
+        for h in handed:  # `Outputs.hand_out_prebuilt`
+            out[h.position] = h.handed()
         outputs.last_held, outputs.last_handed = (), handed
         outputs.held_in_graph_memory = True
         return out

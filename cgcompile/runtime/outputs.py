@@ -108,6 +108,7 @@ class Handed:
         "refs",
         "users",
         "version",
+        "layout",
         "cdata",
         "ours",
         "__weakref__",
@@ -128,13 +129,22 @@ class Handed:
         self.tensor = self.source.detach()
         self.refs = getrefcount(self.tensor)  # the expression `held` and `still_held` compare
         self.users = _use_count(self.cdata)
-        self.version = self.tensor._version
+        t = self.tensor
+        # an inference tensor has no version counter: its layout is compared instead
+        self.version = None if t.is_inference() else t._version
+        self.layout = (t.shape, t.stride(), t.storage_offset())
 
     def handed(self) -> torch.Tensor:
         """The tensor to hand out now; a fresh one if the caller changed the last in place
-        before dropping it (its version counter moved: data, shape or strides) or made it
-        require grad, which the next call's output must not inherit."""
-        if self.tensor._version != self.version or self.tensor.requires_grad:
+        before dropping it (its version counter moved: data, shape or strides; for an
+        inference tensor its shape, strides or offset) or made it require grad, which the next
+        call's output must not inherit."""
+        t = self.tensor
+        if self.version is None:
+            changed = self.layout != (t.shape, t.stride(), t.storage_offset())
+        else:
+            changed = t._version != self.version
+        if changed or t.requires_grad:
             self.fresh()
         self.users = _use_count(self.cdata)
         return self.tensor

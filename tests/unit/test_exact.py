@@ -246,14 +246,20 @@ def test_what_is_kept_of_a_steady_full_call_keeps_its_values(how, rows):
     torch.testing.assert_close(kept, want)
 
 
-@pytest.mark.parametrize("change", ["unsqueeze_", "t_", "requires_grad_", "mul_"])
+@pytest.mark.parametrize(
+    ("grad_off", "change"),
+    [("no_grad", c) for c in ("unsqueeze_", "t_", "requires_grad_", "mul_")]
+    + [("inference_mode", c) for c in ("unsqueeze_", "t_", "mul_")],  # no grad for those
+)
 @pytest.mark.parametrize("rows", [4, 3])
-def test_what_a_caller_did_to_a_dropped_steady_output_does_not_reach_the_next(change, rows):
+def test_what_a_caller_did_to_a_dropped_steady_output_does_not_reach_the_next(
+    change, rows, grad_off
+):
     """A ready full graph hands out the same tensor on every call the caller dropped the last:
     one the caller changed in place (its shape, strides, data, or `requires_grad`) before
-    dropping it is not handed out again."""
+    dropping it is not handed out again, also for an inference tensor (no version counter)."""
     compiled = compile_model(double, "FULL")
-    with torch.no_grad(), decode():
+    with getattr(torch, grad_off)(), decode():
         x = _steady(compiled, rows)
         changed = compiled(x)
         getattr(changed, change)(*{"unsqueeze_": [0], "mul_": [2]}.get(change, []))
