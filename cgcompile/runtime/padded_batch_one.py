@@ -72,7 +72,10 @@ class PaddedBatchOne:
         if reads is None:
             return False
         here = [i - bisect.bisect_left(self.size_positions, i) for i in reads]
-        getter = operator.itemgetter(*here, *here[:1])  # a tuple even for one position
+        if here:
+            getter = operator.itemgetter(*here, *here[:1])  # a tuple even for one position
+        else:  # nothing to read: `steady` finds no batch tensor and misses
+            getter = lambda args: ()  # noqa: E731
         self._read = (reads, getter)
         return True
 
