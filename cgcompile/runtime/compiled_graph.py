@@ -145,7 +145,8 @@ class CompiledGraph:
 
         Top to bottom in one frame, what the collaborators' methods would do inlined
         (`InstanceSlots.known_slot`, `InputPlan.batch_size`, `Outputs.still_held` for the
-        usual case, a full `ReadyCall` with `Outputs.hand_out_prebuilt`): it runs right after
+        usual case, a full `ReadyCall` with `Outputs.hand_out_prebuilt`; one call of
+        `Handed.handed` per output, whose rule is kept in one place): it runs right after
         Dynamo's guard check, with the CPU's caches cold, where every frame and object it
         touches costs. Reads only `args[i]` at the positions `steady_reads` names: a caller may
         pass a mapping of those (`PaddedBatchOne`, with `any_ready=False`: then a key whose
