@@ -140,17 +140,13 @@ class CompiledGraph:
         return self._call(args)
 
     def steady(self, args: Any, any_ready: bool = True) -> Any:
-        """The outputs of this call if it is the steady state of a key (graphs captured and
-        verified, the instance known, no output of the last call held), else `MISS`.
-
-        Top to bottom in one frame, what the collaborators' methods would do inlined
-        (`InstanceSlots.known_slot`, `InputPlan.batch_size`, `Outputs.still_held` for the
-        usual case, a full `ReadyCall` with `Outputs.hand_out_prebuilt`; one call of
-        `Handed.handed` per output, whose rule is kept in one place): it runs right after
-        Dynamo's guard check, with the CPU's caches cold, where every frame and object it
-        touches costs. Reads only `args[i]` at the positions `steady_reads` names: a caller may
-        pass a mapping of those (`PaddedBatchOne`, with `any_ready=False`: then a key whose
-        `ReadyCall` is not `inline` is a MISS, as its call reads every argument)."""
+        """This call's outputs if it is a key's steady state (graphs verified, instance known,
+        no output of the last call held), else `MISS`. In one frame, inlined: `known_slot`,
+        `batch_size`, the usual `still_held`, a full `ReadyCall` with `hand_out_prebuilt` (one
+        `Handed.handed` per output): it runs right after Dynamo's guard check, caches cold,
+        where every frame and object costs. Reads `args` only at `steady_reads`: a caller may
+        pass a mapping of those (`PaddedBatchOne`, `any_ready=False`: a key whose `ReadyCall`
+        is not `inline` is a MISS, as its call reads every argument)."""
         if (
             self.owner.ident != threading.get_ident()
             or FORWARD_CONTEXT.get() is not None

@@ -131,8 +131,9 @@ class Handed:
         self.users = _use_count(self.cdata)
         t = self.tensor
         # an inference tensor has no version counter: its layout is compared instead
-        self.version = None if t.is_inference() else t._version
-        self.layout = (t.shape, t.stride(), t.storage_offset())
+        inference = t.is_inference()
+        self.version = None if inference else t._version
+        self.layout = (t.shape, t.stride(), t.storage_offset()) if inference else None
 
     def handed(self) -> torch.Tensor:
         """The tensor to hand out now; a fresh one if the caller changed the last in place
