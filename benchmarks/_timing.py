@@ -94,10 +94,13 @@ def gpu_time_per_step_ms(
     }
     if top:
         by_name: dict[str, float] = {}
+        calls: dict[str, int] = {}
         for e in kernels:
             by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / steps
+            calls[e.name] = calls.get(e.name, 0) + 1
         ranked = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
         result["top_kernels_us"] = {name[:90]: round(us, 2) for name, us in ranked}
+        result["top_kernel_calls"] = {name[:90]: calls[name] / steps for name, _ in ranked}
     return result
 
 

@@ -74,6 +74,7 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     model = Llama(cfg).to(device, dtype).eval()
     options: dict[str, Any] = {"graph_runtime": "simulated"} if args.quick else {}
+    options |= json.loads(args.options)
     compiled: Any = torch.compile(model, backend="cudagraph_modes", options=options)
 
     def call(n: int, decode: bool) -> Any:
@@ -215,6 +216,7 @@ def main() -> None:
     parser.add_argument(
         "--no-cudnn-sdp", action="store_true", help="torch.backends.cuda.enable_cudnn_sdp(False)"
     )
+    parser.add_argument("--options", default="{}", help="extra cgcompile options, as JSON")
     parser.add_argument("--phase", choices=PHASES + AOT_PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--save", help=argparse.SUPPRESS)
@@ -247,6 +249,7 @@ def main() -> None:
         "commit": os.environ.get("CGCOMPILE_COMMIT", "unknown"),
         "what": "seconds from a fresh process to every capture size captured, cold and warm",
         "cudnn_sdp": not args.no_cudnn_sdp,
+        "options": json.loads(args.options),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     name = "cold-warm-no-cudnn-sdp.json" if args.no_cudnn_sdp else "cold-warm.json"
@@ -260,6 +263,7 @@ def _run(args: argparse.Namespace, name: str, cache: Path, extra: list[str]) -> 
     cmd = [sys.executable, __file__, "--phase", name, "--soak", str(args.soak), *extra]
     cmd += ["--quick"] if args.quick else []
     cmd += ["--no-cudnn-sdp"] if args.no_cudnn_sdp else []
+    cmd += ["--options", args.options]
     began = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - began

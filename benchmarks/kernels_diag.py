@@ -45,6 +45,14 @@ ROWS: dict[str, dict[str, Any]] = {  # cgcompile rows: options, and the batch ma
     "PIECEWISE hint=1024": {"cudagraph_mode": "PIECEWISE", "hint": 1024},
     "PIECEWISE skip-module-guards": {"cudagraph_mode": "PIECEWISE", **SKIP_MODULE_GUARDS},
     "FULL_AND_PIECEWISE": {"cudagraph_mode": "FULL_AND_PIECEWISE"},
+    "FULL_AND_PIECEWISE pieces": {
+        "cudagraph_mode": "FULL_AND_PIECEWISE",
+        "full_graph_compile": "pieces",
+    },
+    "FULL_AND_PIECEWISE partition": {
+        "cudagraph_mode": "FULL_AND_PIECEWISE",
+        "use_inductor_graph_partition": True,
+    },
 }
 HAND = ("hand_full", "hand_piecewise")
 TRACED = ("hand_full", "FULL")
@@ -96,8 +104,9 @@ def step_maker(row: str, model: Llama) -> Callable[[int, bool], Step]:
     return make
 
 
-def run_row(row: str, out: Path, trace: bool) -> dict[str, Any]:
-    """Every workload of one row: timings first, then the profiler's kernel count."""
+def run_row(row: str, out: Path, trace: bool, top: int) -> dict[str, Any]:
+    """Every workload of one row: timings first, then the profiler's kernel count; the `top`
+    costliest kernels by name at every size (15 at 256 tokens and more when `top` is 0)."""
     torch.backends.cuda.enable_cudnn_sdp(False)  # as in the benchmark
     device = torch.device("cuda")
     model = Llama(LlamaConfig.bench()).to(device, torch.bfloat16).eval()
@@ -111,9 +120,10 @@ def run_row(row: str, out: Path, trace: bool) -> dict[str, Any]:
             timed = time_steps(step, device, warmup=3, repeats=10, steps=10)
             results[str(n)] = {"ms": timed["median_ms"], "host_ms": host_ms(step)}
         for n, step in steps.items():
-            gpu = gpu_time_per_step_ms(step, device, steps=5, top=15 if n >= 256 else 0)
+            gpu = gpu_time_per_step_ms(step, device, steps=5, top=top or (15 if n >= 256 else 0))
             results[str(n)] |= {"gpu_ms": gpu["median_ms"], "kernels": gpu["kernels_per_step"]}
             results[str(n)]["top_kernels_us"] = gpu.get("top_kernels_us")
+            results[str(n)]["top_kernel_calls"] = gpu.get("top_kernel_calls")
         if trace and row in TRACED:
             with torch.profiler.profile(
                 activities=[
@@ -133,11 +143,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rows", nargs="+", default=[*HAND, *ROWS], choices=[*HAND, *ROWS])
     parser.add_argument("--trace", action="store_true", help="Chrome traces at 8 tokens")
+    parser.add_argument("--top", type=int, default=0, help="name the N costliest kernels")
     parser.add_argument("--row", help=argparse.SUPPRESS)  # internal: one row, this process
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.row:
-        print(json.dumps(run_row(args.row, args.out, args.trace)))
+        print(json.dumps(run_row(args.row, args.out, args.trace, args.top)))
         return
     if not torch.cuda.is_available():
         print("kernels_diag needs a CUDA GPU")
@@ -145,6 +156,7 @@ def main() -> None:
     table: dict[str, Any] = {}
     for row in args.rows:
         cmd = [sys.executable, __file__, "--out", str(args.out), "--row", row]
+        cmd += ["--top", str(args.top)]
         done = subprocess.run(cmd + ["--trace"] * args.trace, capture_output=True, text=True)
         if done.returncode != 0:
             table[row] = {"error": done.stderr.strip().splitlines()[-1:]}
@@ -157,6 +169,7 @@ def main() -> None:
     for row, cells in table.items():
         for n, c in cells.items() if "error" not in cells else []:
             c.pop("top_kernels_us", None)  # in diag.json
+            c.pop("top_kernel_calls", None)
             idle = c["ms"] - c["gpu_ms"]
             print(
                 f"| {row} | {n} | {c['ms']:.3f} | {c['host_ms']:.3f} | {c['gpu_ms']:.3f} | "

@@ -30,6 +30,7 @@ import torch
 from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
 
+from cgcompile.passes.output_addmm import OutputAddmmPass
 from cgcompile.passes.split import SplitItem, SplitResult, generated_forward, graph_signature
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,16 @@ def compile_one(gm: fx.GraphModule, args: Sequence[Any], compiler: str) -> Compi
         return generated_forward(gm)
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(gm, list(args))
+    with _piece_passes():
+        return compile_fx(gm, list(args))
+
+
+def _piece_passes() -> Any:
+    """Inductor's config for a piece: its outputs' residual adds stay out of cuBLAS
+    (`passes.output_addmm`), as in the unsplit graph."""
+    return torch._inductor.config.patch(
+        post_grad_custom_post_pass=OutputAddmmPass.after_configured()
+    )
 
 
 def has_tuple_output(gm: fx.GraphModule) -> bool:
@@ -100,9 +110,10 @@ def compile_for_size(
     """Inductor artifact for real example inputs with the batch fixed to `size` and every other
     size fixed to its traced value."""
     concrete = [_concretize(a, size, batch_exprs) for a in args]
-    artifact = torch._inductor.standalone_compile(
-        gm, concrete, dynamic_shapes="from_example_inputs"
-    )
+    with _piece_passes():
+        artifact = torch._inductor.standalone_compile(
+            gm, concrete, dynamic_shapes="from_example_inputs"
+        )
     fn = artifact if returns_tuple else lambda *a: artifact(*a)[0]  # always a sequence
     return Specialized(fn, _layout(concrete))
 

@@ -10,11 +10,11 @@ larger ones; the heap is collected once per `capture_all` and frozen meanwhile (
 A key whose capture fails is left to lazy capture (which warms up first).
 
 A runtime mode whose compiled code has never run (FULL_AND_PIECEWISE's full graphs after mixed
-calls only: their whole-graph compile is made on first use) is first run once, eagerly, on a
-batch of padding rows at its smallest key, since a compiled kernel's first run cannot be a
-capture; every buffer and every input it writes in place gets its value back (a transient copy
-of them, KV caches included). If that run fails, the mode's keys are left to lazy capture with
-one WARNING. So one call of any kind is enough before `capture_all`.
+calls only, with `full_graph_compile="whole"`: that compile is made on first use) is first run
+once, eagerly, on a batch of padding rows at its smallest key, since a compiled kernel's first
+run cannot be a capture; every buffer and every input it writes in place gets its value back (a
+transient copy of them, KV caches included). If that run fails, the mode's keys are left to lazy
+capture with one WARNING. So one call of any kind is enough before `capture_all`.
 
     captured = capture_graphs(graph, progress=False)
 """

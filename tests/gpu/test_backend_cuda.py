@@ -151,3 +151,29 @@ def test_an_output_held_across_the_next_call_keeps_its_value():
     torch.testing.assert_close(out_a, silly_closed_form(a))
     torch.testing.assert_close(out_b, silly_closed_form(b))
     assert out_a.data_ptr() != out_b.data_ptr()
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL_AND_PIECEWISE"])
+def test_pieces_keep_residual_adds_out_of_cublas(mode):
+    """A piece hands its residual sum to the next piece; Inductor would compute it with addmm
+    (a copy and a beta gemm) where the unsplit graph fuses the add into the next norm
+    (`passes.output_addmm`). The tiny Llama's linears have no bias: any addmm is a residual."""
+    from torch._inductor.utils import run_and_get_code
+
+    from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
+
+    torch._dynamo.reset()
+    model = Llama(LlamaConfig.tiny()).to("cuda", torch.bfloat16).eval()
+    options = {
+        **CUDA,
+        "cudagraph_mode": mode,
+        "compiler": "inductor",
+        "full_graph_compile": "pieces",
+    }
+    f = torch.compile(model, backend="cudagraph_modes", options=options)
+    tokens, positions = make_inputs(model.cfg, 8, "cuda")
+    mark_batch(model.cfg, tokens, positions)
+    with torch.no_grad():
+        _, codes = run_and_get_code(f, tokens, positions)
+    assert len(codes) >= 2 and any("extern_kernels.mm(" in code for code in codes)
+    assert not any("addmm" in code for code in codes)

@@ -1,5 +1,5 @@
-"""FULL_AND_PIECEWISE on the FX split: full graphs replay a whole-graph compile of their own
-(`full_graph_compile='whole'`, the default with Inductor) or the split's pieces ('pieces')."""
+"""FULL_AND_PIECEWISE on the FX split: full graphs replay the split's pieces
+(`full_graph_compile='pieces'`, the default) or a whole-graph compile of their own ('whole')."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def piece_wrappers_ran(graph) -> bool:
 @pytest.mark.parametrize(
     ("setting", "compiles", "report"),
     [
-        ({}, 3 + 1, "whole"),  # three pieces, and the whole graph once more
-        ({"full_graph_compile": "pieces"}, 3, "pieces"),
+        ({}, 3, "pieces"),  # three pieces
+        ({"full_graph_compile": "whole"}, 3 + 1, "whole"),  # and the whole graph once more
         ({"compiler": "eager"}, 3, "pieces"),  # nothing to fuse: no second compile
         ({"full_graph_compile": "Whole"}, 3 + 1, "whole"),
     ],
@@ -74,7 +74,7 @@ def test_modes_with_one_kind_of_graph_report_no_full_graph_compile():
 
 @needs(SHARED_UNBACKED_BATCH)
 def test_capture_all_records_full_graphs_from_the_whole_compile():
-    f = compile_silly(compiler="inductor")
+    f = compile_silly(compiler="inductor", full_graph_compile="whole")
     call(f, 4, decode=True)  # the whole compile's first run: a warm-up of a full key
     call(f, 4, decode=False)  # the pieces' first run
     assert cgcompile.capture_all(progress=False) > 0

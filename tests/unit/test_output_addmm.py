@@ -1,0 +1,110 @@
+"""The post-grad pass keeping a piece output's residual add out of cuBLAS (`passes.output_addmm`).
+
+Graphs are traced on fake CUDA tensors (no GPU needed) and, rewritten, run on CPU tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from cgcompile.passes.output_addmm import OutputAddmmPass, unfuse_output_addmm
+
+aten = torch.ops.aten
+
+
+def _trace(fn, *shapes, device="cuda"):
+    with FakeTensorMode():
+        args = [torch.empty(s, device=device) for s in shapes]
+        return make_fx(fn)(*args)
+
+
+def _targets(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _residual_then_norm(r, x, w):
+    h = aten.addmm(r, x, w)
+    return h, h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True))
+
+
+def _two_residuals(r, x, w, w2):
+    h = aten.addmm(r, x, w)
+    h2 = aten.addmm(h, h * 2, w2)
+    return h2, h2.sin()
+
+
+def test_an_output_residual_with_a_pointwise_user_becomes_mm_plus_add_and_computes_the_same():
+    gm = _trace(_residual_then_norm, (4, 8), (4, 16), (16, 8))
+    assert unfuse_output_addmm(gm.graph) == 1
+    gm.recompile()
+    assert aten.addmm.default not in _targets(gm)
+    assert _targets(gm)[:2] == [aten.mm.default, aten.add.Tensor]
+    add = next(n for n in gm.graph.nodes if n.target is aten.add.Tensor)
+    assert add.meta["val"].shape == (4, 8) and add.args[1].meta["val"].shape == (4, 8)
+    r, x, w = torch.randn(4, 8), torch.randn(4, 16), torch.randn(16, 8)
+    for got, want in zip(gm(r, x, w), _residual_then_norm(r, x, w), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_chain_of_residual_adds_unfuses_whole():
+    gm = _trace(_two_residuals, (4, 8), (4, 16), (16, 8), (8, 8))
+    assert unfuse_output_addmm(gm.graph) == 2
+    assert aten.addmm.default not in _targets(gm)
+
+
+@pytest.mark.parametrize(
+    ("fn", "shapes", "device"),
+    [
+        pytest.param(_residual_then_norm, [(8,), (4, 16), (16, 8)], "cuda", id="a-bias"),
+        pytest.param(_residual_then_norm, [(4, 8), (4, 16), (16, 8)], "cpu", id="on-cpu"),
+        pytest.param(
+            lambda r, x, w: (aten.addmm(r, x, w),),
+            [(4, 8), (4, 16), (16, 8)],
+            "cuda",
+            id="no-pointwise-user",
+        ),
+        pytest.param(
+            lambda r, x, w: (lambda h: (h, h @ w.t()))(aten.addmm(r, x, w)),
+            [(4, 8), (4, 16), (16, 8)],
+            "cuda",
+            id="a-matmul-user",
+        ),
+        pytest.param(
+            lambda r, x, w: (lambda h: (h, h.cos()))(aten.addmm(r, x, w, beta=2)),
+            [(4, 8), (4, 16), (16, 8)],
+            "cuda",
+            id="beta-2",
+        ),
+    ],
+)
+def test_other_addmm_stay(fn, shapes, device):
+    gm = _trace(fn, *shapes, device=device)
+    assert unfuse_output_addmm(gm.graph) == 0
+    assert aten.addmm.default in _targets(gm)
+
+
+class _Counting(torch._inductor.custom_graph_pass.CustomGraphPass):
+    def __init__(self, uuid):
+        self.calls, self._uuid = 0, uuid
+
+    def __call__(self, graph):
+        self.calls += 1
+
+    def uuid(self):
+        return self._uuid
+
+
+def test_the_pass_runs_after_the_configured_one_and_keys_the_cache_on_it():
+    gm = _trace(_residual_then_norm, (4, 8), (4, 16), (16, 8))
+    earlier = _Counting("v1")
+    with torch._inductor.config.patch(post_grad_custom_post_pass=earlier):
+        chained = OutputAddmmPass.after_configured()
+    chained(gm.graph)
+    assert earlier.calls == 1 and aten.addmm.default not in _targets(gm)
+    assert chained.uuid() != OutputAddmmPass(_Counting("v2")).uuid()
+    assert OutputAddmmPass().uuid() is not None
+    assert OutputAddmmPass(lambda g: None).uuid() is None  # uncacheable, as without the pass
+    with torch._inductor.config.patch(post_grad_custom_post_pass=chained):
+        assert OutputAddmmPass.after_configured() is chained
