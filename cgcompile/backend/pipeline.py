@@ -44,8 +44,8 @@ from cgcompile.backend.partition import (
 from cgcompile.backend.preconditions import (
     check_batch_dims,
     needs_autograd,
+    pad_check,
     unsplit_attention_of,
-    with_pad_safety,
 )
 from cgcompile.backend.wrapping import full_wrapper, piecewise_factory
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
@@ -54,6 +54,7 @@ from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import ConfigError
 from cgcompile.passes.mutation import ANALYSIS_ERRORS, Effects, find_effects
 from cgcompile.passes.op_match import OpMatcher, unknown_op_names
+from cgcompile.passes.pad_safety import PadCheck
 from cgcompile.passes.split import generated_forward
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
 from cgcompile.runtime.compiled_graph import CompiledGraph
@@ -157,25 +158,30 @@ def _analysed_plan(
     saved: Analyses | None,
 ) -> tuple[InputPlan, Analyses]:
     """The input plan with step 1's analyses (`pads`: whether padding safety matters): run
-    now, or taken from `saved`."""
-    if saved is None:
-        effects, not_analysed = _effects(graph_id, gm, example_inputs)
-    else:
-        effects, not_analysed = saved.effects, saved.not_analysed
+    now, in one fake run of the graph, or taken from `saved`."""
+    if saved is not None:
+        plan = InputPlan.from_graph(gm, example_inputs, saved.effects)
+        if pads:
+            plan = dataclasses.replace(plan, pad_unsafe=saved.pad_unsafe)
+        return plan, Analyses(saved.effects, saved.not_analysed, plan.pad_unsafe)
+    # the batch, names and pad values do not depend on the effects
+    check = (
+        pad_check(gm, example_inputs, InputPlan.from_graph(gm, example_inputs)) if pads else None
+    )
+    effects, not_analysed = _effects(graph_id, gm, example_inputs, check)
     plan = InputPlan.from_graph(gm, example_inputs, effects)
-    if pads and saved is None:
-        plan = with_pad_safety(gm, example_inputs, plan)
-    elif pads:
-        plan = dataclasses.replace(plan, pad_unsafe=saved.pad_unsafe)
+    if check is not None:
+        plan = dataclasses.replace(plan, pad_unsafe=check.verdict().reason)
     return plan, Analyses(effects, not_analysed, plan.pad_unsafe)
 
 
 def _effects(
-    graph_id: int, gm: fx.GraphModule, example_inputs: Sequence[Any]
+    graph_id: int, gm: fx.GraphModule, example_inputs: Sequence[Any], check: PadCheck | None
 ) -> tuple[Effects, str | None]:
-    """The graph's effects on its inputs, or (none, why they are unknown)."""
+    """The graph's effects on its inputs, or (none, why they are unknown); `check` judges
+    padding during the same run."""
     try:
-        return find_effects(gm, example_inputs), None
+        return find_effects(gm, example_inputs, check.watch if check else None), None
     except ANALYSIS_ERRORS as exc:
         logger.debug("graph %d: fake run failed", graph_id, exc_info=True)
         return Effects((), {}), f"{type(exc).__name__}: {exc}".strip().split("\n")[0]

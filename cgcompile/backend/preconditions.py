@@ -3,13 +3,12 @@ compiles: whether padding a batch could change what the caller sees (`passes.pad
 whether its outputs need autograd, which attention ops no splitting op splits, and whether a
 batch was marked outside dim 0 (refused in graph modes).
 
-    plan = with_pad_safety(gm, example_inputs, plan)       # plan.pad_unsafe: None or why
+    check = pad_check(gm, example_inputs, plan)   # find_effects(..., check.watch); check.verdict()
     needs_autograd(gm), unsplit_attention_of(config, matcher, targets)
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,19 +20,15 @@ from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMod
 from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE
 from cgcompile.errors import ConfigError
 from cgcompile.passes.op_match import OpMatcher
-from cgcompile.passes.pad_safety import check_pad_safety
+from cgcompile.passes.pad_safety import PadCheck
 from cgcompile.runtime.inputs import InputPlan
 
 
-def with_pad_safety(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], plan: InputPlan
-) -> InputPlan:
-    """`plan` with `pad_unsafe` set from the graph; registered attention ops are trusted."""
+def pad_check(gm: fx.GraphModule, example_inputs: Sequence[Any], plan: InputPlan) -> PadCheck:
+    """The pad-safety check of `plan`'s batch, to ride along the effects' fake run (its verdict
+    is `plan.pad_unsafe`); registered attention ops are trusted."""
     padded = [i for i, _ in plan.pad_values]
-    safety = check_pad_safety(
-        gm, example_inputs, plan.batch_exprs, _is_attention, plan.names, padded
-    )
-    return dataclasses.replace(plan, pad_unsafe=safety.reason)
+    return PadCheck(gm, example_inputs, plan.batch_exprs, _is_attention, plan.names, padded)
 
 
 def _is_attention(target: Any) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -59,14 +59,25 @@ class Effects:
     """Output position -> the placeholder whose storage it shares."""
 
 
-def find_effects(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Effects:
-    """The inputs `gm` writes in place and the outputs that alias an input."""
+Watch = Callable[[list[Any]], tuple[fx.Interpreter, contextlib.AbstractContextManager[Any]]]
+"""An analysis riding along the fake run: given the fake inputs, the interpreter to run them with
+and a context to run it in (`pad_safety.PadCheck.watch`)."""
+
+
+def find_effects(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], watch: Watch | None = None
+) -> Effects:
+    """The inputs `gm` writes in place and the outputs that alias an input; `watch` lets another
+    analysis see the same run (one fake run of a large graph costs about a second)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     with fake_execution(example_inputs):
         args = fresh_fakes(placeholders, example_inputs)
         before = [a._version if isinstance(a, torch.Tensor) else None for a in args]
-        with _UnmarkedWrites() as unmarked:
-            out = fx.Interpreter(gm).run(*args)
+        interpreter, watching = (
+            watch(args) if watch else (fx.Interpreter(gm), contextlib.nullcontext())
+        )
+        with _UnmarkedWrites() as unmarked, watching:
+            out = interpreter.run(*args)
     storages = {
         StorageWeakRef(a.untyped_storage()): i
         for i, a in enumerate(args)

@@ -2,7 +2,8 @@
 
 Padding appends rows to dim 0 of the batch inputs and slices batch outputs back to the real
 rows. That is exact only when rows stay independent and every output that involves the batch
-is batch-major. `check_pad_safety` decides it once per graph, without running anything:
+is batch-major. `check_pad_safety` decides it once per graph, without running anything (the
+backend judges it during the fake run that finds the graph's effects, `PadCheck`):
 
 1. inputs: the batch (a symbol `s` of Dynamo's shape environment) is dim 0 of the batch
    inputs and in no other dim of any input;
@@ -39,7 +40,7 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cgcompile.passes.batch_rules import BatchDims, State, check_op, check_sdpa
-from cgcompile.passes.mutation import ANALYSIS_ERRORS, fake_execution, fresh_fakes
+from cgcompile.passes.mutation import ANALYSIS_ERRORS, find_effects
 from cgcompile.passes.state_writes import StateWrites
 
 _SDPA = torch._C._nn.scaled_dot_product_attention
@@ -69,17 +70,77 @@ def check_pad_safety(
     """Whether batches of `gm` may be padded; `batch_exprs` are dim 0 of its batch inputs,
     `trusted` says which call targets keep rows apart, `names` name the placeholders,
     `padded` are the placeholders with a declared pad value."""
-    batch = BatchDims(frozenset(s for e in batch_exprs for s in e.free_symbols))
-    if not batch.symbols:
-        return PadSafety()
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    names = list(names) or [n.name for n in placeholders]
-    reason = _check_inputs(placeholders, names, batch, batch_exprs)
-    if reason is None:
-        reason = _check_ops(gm, placeholders, example_inputs, batch, trusted, names, padded)
-    if reason is None:
-        reason = _check_outputs(gm, batch, batch_exprs)
-    return PadSafety(reason)
+    check = PadCheck(gm, example_inputs, batch_exprs, trusted, names, padded)
+    with contextlib.suppress(*ANALYSIS_ERRORS):  # recorded by the check
+        find_effects(gm, example_inputs, check.watch)
+    return check.verdict()
+
+
+class PadCheck:
+    """`check_pad_safety` in two halves around the fake run that `mutation.find_effects` makes:
+    `watch` judges the ops as they run, `verdict` then judges the outputs. The backend runs the
+    graph once for both analyses:
+
+        check = PadCheck(gm, example_inputs, batch_exprs, ...)
+        effects = find_effects(gm, example_inputs, check.watch)
+        check.verdict().reason
+    """
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        batch_exprs: frozenset[Any],
+        trusted: Callable[[Any], bool] = lambda target: False,
+        names: Sequence[str] = (),
+        padded: Collection[int] = (),
+    ) -> None:
+        self.gm, self.batch_exprs, self.trusted, self.padded = gm, batch_exprs, trusted, padded
+        self.batch = BatchDims(frozenset(s for e in batch_exprs for s in e.free_symbols))
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.names = list(names) or [n.name for n in self.placeholders]
+        self.reason: str | None = None
+        self.checker: _OpChecker | None = None
+        if self.batch.symbols:
+            self.reason = _check_inputs(self.placeholders, self.names, self.batch, batch_exprs)
+
+    def watch(self, args: list[Any]) -> tuple[fx.Interpreter, contextlib.AbstractContextManager]:
+        """The interpreter and dispatch mode that judge each op of a run on the fake `args`."""
+        if not self.batch.symbols or self.reason is not None:
+            return fx.Interpreter(self.gm), contextlib.nullcontext()
+        batch_inputs = [i for i, a in enumerate(args) if _has_batch(self.batch, a)]
+        checker = self.checker = _OpChecker(self.batch)
+        interpreter = _Interpreter(self.gm, checker, self.trusted)
+        writes = StateWrites(
+            self.placeholders,
+            args,
+            self.names,
+            batch_inputs,
+            self.padded,
+            lambda: interpreter.env,
+            checker.at,
+        )
+        checker.state = writes.state
+        return interpreter, _checking(checker)
+
+    def verdict(self) -> PadSafety:
+        """After the run: the first failure of the inputs, the ops or the outputs."""
+        if not self.batch.symbols:
+            return PadSafety()
+        reason = self.reason or (self.checker.reason if self.checker else None)
+        if reason is None:
+            reason = _check_outputs(self.gm, self.batch, self.batch_exprs)
+        return PadSafety(reason)
+
+
+@contextlib.contextmanager
+def _checking(checker: _OpChecker) -> Iterator[None]:
+    try:
+        with checker:
+            yield
+    except ANALYSIS_ERRORS as exc:
+        checker.record(f"could not be checked for padding ({type(exc).__name__})", "run")
+        raise
 
 
 def _check_inputs(
@@ -115,32 +176,6 @@ def _check_outputs(gm: fx.GraphModule, batch: BatchDims, batch_exprs: frozenset[
         elif batch.expr(value) is not None:
             return f"output {i} is {batch.expr(value)}, a size that padding would change"
     return None
-
-
-def _check_ops(
-    gm: fx.GraphModule,
-    placeholders: list[fx.Node],
-    example_inputs: Sequence[Any],
-    batch: BatchDims,
-    trusted: Callable[[Any], bool],
-    names: Sequence[str],
-    padded: Collection[int],
-) -> str | None:
-    with fake_execution(example_inputs):
-        args = fresh_fakes(placeholders, example_inputs)
-        batch_inputs = [i for i, a in enumerate(args) if _has_batch(batch, a)]
-        checker = _OpChecker(batch)
-        interpreter = _Interpreter(gm, checker, trusted)
-        writes = StateWrites(
-            placeholders, args, names, batch_inputs, padded, lambda: interpreter.env, checker.at
-        )
-        checker.state = writes.state
-        try:
-            with checker:
-                interpreter.run(*args)
-        except ANALYSIS_ERRORS as exc:
-            checker.record(f"could not be checked for padding ({type(exc).__name__})", "run")
-    return checker.reason
 
 
 def _has_batch(batch: BatchDims, value: Any) -> bool:

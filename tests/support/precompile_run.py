@@ -43,14 +43,14 @@ class _Warnings(logging.Handler):
 
 
 def _count_analyses() -> list[str]:
-    """The names of the backend's analyses (runs of a graph on fake tensors) and node-by-node
-    batch-1 matches, as they run."""
+    """The names of the backend's analyses (one run of a graph on fake tensors, the pad check
+    riding along) and node-by-node batch-1 matches, as they run."""
     from cgcompile.backend import batch_one, pipeline
 
     ran: list[str] = []
     for module, name in (
         (pipeline, "find_effects"),
-        (pipeline, "with_pad_safety"),
+        (pipeline, "pad_check"),
         (batch_one, "match_batch_one"),
     ):
         original = getattr(module, name)

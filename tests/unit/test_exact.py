@@ -361,7 +361,7 @@ def test_a_graph_that_cannot_be_analysed_runs_without_graphs_and_says_why(monkey
 
     import cgcompile.backend.pipeline as pipeline
 
-    def fails(gm, example_inputs):
+    def fails(gm, example_inputs, watch=None):
         raise DataDependentOutputException(torch.ops.aten._local_scalar_dense.default)
 
     monkeypatch.setattr(pipeline, "find_effects", fails)
