@@ -28,6 +28,7 @@ import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch._inductor.utils import is_gpu, is_pointwise_use
+from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 
 aten = torch.ops.aten
 
@@ -57,7 +58,10 @@ def _is_output_residual_addmm(node: fx.Node) -> bool:
     value = added.meta.get("val") if isinstance(added, fx.Node) else None
     if not isinstance(value, torch.Tensor) or not isinstance(result, torch.Tensor):
         return False
-    if not is_gpu(result.device.type) or value.shape != result.shape:
+    # never `!=` on shapes: a symbolic batch against a bias length would guard on the batch
+    if not is_gpu(result.device.type) or not statically_known_true(
+        sym_eq(value.shape, result.shape)
+    ):
         return False
     users = list(node.users)
     pointwise = [u for u in users if is_pointwise_use(u)]

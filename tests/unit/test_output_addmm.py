@@ -108,3 +108,23 @@ def test_the_pass_runs_after_the_configured_one_and_keys_the_cache_on_it():
     assert OutputAddmmPass(lambda g: None).uuid() is None  # uncacheable, as without the pass
     with torch._inductor.config.patch(post_grad_custom_post_pass=chained):
         assert OutputAddmmPass.after_configured() is chained
+
+
+def test_a_symbolic_batch_is_compared_without_a_guard():
+    """A bias as long as the batch's hint (8): `8 == s` would specialize the batch to 8."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    shape_env = ShapeEnv()
+    symbol = shape_env.create_symbol(8, ConstantSource("batch"), DimDynamic.DYNAMIC)
+    batch = shape_env.create_symintnode(symbol, hint=8)
+    with FakeTensorMode(shape_env=shape_env):
+        shapes = [(batch, 8), (8,), (batch, 16), (16, 8)]
+        r, bias, x, w = [torch.empty(s, device="cuda") for s in shapes]
+
+        def fn(r, bias, x, w):
+            return _residual_then_norm(r, x, w) + _residual_then_norm(bias, x, w)
+
+        gm = make_fx(fn)(r, bias, x, w)
+    assert unfuse_output_addmm(gm.graph) == 1  # the residual, not the bias
+    assert shape_env.guards == []
