@@ -165,9 +165,7 @@ def _analysed_plan(
             plan = dataclasses.replace(plan, pad_unsafe=saved.pad_unsafe)
         return plan, Analyses(saved.effects, saved.not_analysed, plan.pad_unsafe)
     # the batch, names and pad values do not depend on the effects
-    check = (
-        pad_check(gm, example_inputs, InputPlan.from_graph(gm, example_inputs)) if pads else None
-    )
+    check = pad_check(gm, InputPlan.from_graph(gm, example_inputs)) if pads else None
     effects, not_analysed = _effects(graph_id, gm, example_inputs, check)
     plan = InputPlan.from_graph(gm, example_inputs, effects)
     if check is not None:

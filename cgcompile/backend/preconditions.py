@@ -3,7 +3,7 @@ compiles: whether padding a batch could change what the caller sees (`passes.pad
 whether its outputs need autograd, which attention ops no splitting op splits, and whether a
 batch was marked outside dim 0 (refused in graph modes).
 
-    check = pad_check(gm, example_inputs, plan)   # find_effects(..., check.watch); check.verdict()
+    check = pad_check(gm, plan)   # find_effects(gm, example_inputs, check.watch); check.verdict()
     needs_autograd(gm), unsplit_attention_of(config, matcher, targets)
 """
 
@@ -24,11 +24,11 @@ from cgcompile.passes.pad_safety import PadCheck
 from cgcompile.runtime.inputs import InputPlan
 
 
-def pad_check(gm: fx.GraphModule, example_inputs: Sequence[Any], plan: InputPlan) -> PadCheck:
+def pad_check(gm: fx.GraphModule, plan: InputPlan) -> PadCheck:
     """The pad-safety check of `plan`'s batch, to ride along the effects' fake run (its verdict
     is `plan.pad_unsafe`); registered attention ops are trusted."""
     padded = [i for i, _ in plan.pad_values]
-    return PadCheck(gm, example_inputs, plan.batch_exprs, _is_attention, plan.names, padded)
+    return PadCheck(gm, plan.batch_exprs, _is_attention, plan.names, padded)
 
 
 def _is_attention(target: Any) -> bool:

@@ -74,8 +74,8 @@ class OutputAddmmPass(CustomGraphPass):
     set, a list of them, or None). Its uuid keys Inductor's cache on this file and `before`'s."""
 
     def __init__(self, before: Any = None) -> None:
-        self.before = tuple(before) if isinstance(before, (list, tuple)) else (before,)
-        self.before = tuple(p for p in self.before if p is not None)
+        passes = before if isinstance(before, (list, tuple)) else (before,)
+        self.before = tuple(p for p in passes if p is not None)
 
     def __call__(self, graph: fx.Graph) -> None:
         for earlier in self.before:

@@ -70,9 +70,10 @@ def check_pad_safety(
     """Whether batches of `gm` may be padded; `batch_exprs` are dim 0 of its batch inputs,
     `trusted` says which call targets keep rows apart, `names` name the placeholders,
     `padded` are the placeholders with a declared pad value."""
-    check = PadCheck(gm, example_inputs, batch_exprs, trusted, names, padded)
-    with contextlib.suppress(*ANALYSIS_ERRORS):  # recorded by the check
-        find_effects(gm, example_inputs, check.watch)
+    check = PadCheck(gm, batch_exprs, trusted, names, padded)
+    if check.needs_run:
+        with contextlib.suppress(*ANALYSIS_ERRORS):  # recorded by the check
+            find_effects(gm, example_inputs, check.watch)
     return check.verdict()
 
 
@@ -81,7 +82,7 @@ class PadCheck:
     `watch` judges the ops as they run, `verdict` then judges the outputs. The backend runs the
     graph once for both analyses:
 
-        check = PadCheck(gm, example_inputs, batch_exprs, ...)
+        check = PadCheck(gm, batch_exprs, ...)
         effects = find_effects(gm, example_inputs, check.watch)
         check.verdict().reason
     """
@@ -89,7 +90,6 @@ class PadCheck:
     def __init__(
         self,
         gm: fx.GraphModule,
-        example_inputs: Sequence[Any],
         batch_exprs: frozenset[Any],
         trusted: Callable[[Any], bool] = lambda target: False,
         names: Sequence[str] = (),
@@ -104,9 +104,14 @@ class PadCheck:
         if self.batch.symbols:
             self.reason = _check_inputs(self.placeholders, self.names, self.batch, batch_exprs)
 
+    @property
+    def needs_run(self) -> bool:
+        """Whether the ops are still to judge (a batch, and inputs that passed)."""
+        return bool(self.batch.symbols) and self.reason is None
+
     def watch(self, args: list[Any]) -> tuple[fx.Interpreter, contextlib.AbstractContextManager]:
         """The interpreter and dispatch mode that judge each op of a run on the fake `args`."""
-        if not self.batch.symbols or self.reason is not None:
+        if not self.needs_run:
             return fx.Interpreter(self.gm), contextlib.nullcontext()
         batch_inputs = [i for i, a in enumerate(args) if _has_batch(self.batch, a)]
         checker = self.checker = _OpChecker(self.batch)
