@@ -132,6 +132,8 @@ class PadCheck:
         """After the run: the first failure of the inputs, the ops or the outputs."""
         if not self.batch.symbols:
             return PadSafety()
+        if self.needs_run and self.checker is None:
+            return PadSafety("could not be checked for padding (the graph did not run)")
         reason = self.reason or (self.checker.reason if self.checker else None)
         if reason is None:
             reason = _check_outputs(self.gm, self.batch, self.batch_exprs)

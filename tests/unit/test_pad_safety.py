@@ -129,3 +129,20 @@ def test_pad_safety_rules(case):
 
 def test_silly_attention_is_trusted_row_wise():
     assert pad_verdict(silly_model, torch.randn(3)) is None
+
+
+def test_a_check_whose_graph_never_ran_does_not_call_it_safe():
+    """`PadCheck` judges ops during the effects' fake run: without that run it cannot say safe."""
+    from cgcompile.passes.pad_safety import PadCheck
+
+    verdicts = []
+
+    def backend(gm, example_inputs):
+        plan = InputPlan.from_graph(gm, example_inputs)
+        verdicts.append(PadCheck(gm, plan.batch_exprs).verdict().reason)
+        return gm.forward
+
+    x = torch.randn(4, 8)
+    cgcompile.mark_dynamic_batch(x)
+    torch.compile(lambda x: x * 2, backend=backend, fullgraph=True)(x)
+    assert verdicts == ["could not be checked for padding (the graph did not run)"]
