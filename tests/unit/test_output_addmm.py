@@ -128,3 +128,27 @@ def test_a_symbolic_batch_is_compared_without_a_guard():
         gm = make_fx(fn)(r, bias, x, w)
     assert unfuse_output_addmm(gm.graph) == 1  # the residual, not the bias
     assert shape_env.guards == []
+
+
+def test_every_piece_compile_runs_the_pass(monkeypatch):
+    """Wired into Inductor's post-grad passes for each piece (caches off: a hit runs none)."""
+    import cgcompile.passes.output_addmm as output_addmm
+    from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
+
+    graphs = []
+    original = output_addmm.unfuse_output_addmm
+    monkeypatch.setattr(
+        output_addmm, "unfuse_output_addmm", lambda g: graphs.append(g) or original(g)
+    )
+    model = Llama(LlamaConfig.tiny()).eval()
+    options = {"graph_runtime": "simulated", "compiler": "inductor"}
+    f = torch.compile(model, backend="cudagraph_modes", options=options)
+    tokens, positions = make_inputs(model.cfg, 8, "cpu")
+    mark_batch(model.cfg, tokens, positions)
+    with (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+        torch.no_grad(),
+    ):
+        torch.testing.assert_close(f(tokens, positions), model(tokens, positions))
+    assert len(graphs) == 3  # the 2-layer model's three capturable pieces
