@@ -44,7 +44,7 @@ def unfuse_output_addmm(graph: fx.Graph) -> int:
             mm = graph.call_function(aten.mm.default, (a, b))
             total = graph.call_function(aten.add.Tensor, (added, mm))
         mm.meta["val"] = aten.mm.default(a.meta["val"], b.meta["val"])
-        total.meta["val"] = node.meta["val"]
+        total.meta["val"] = aten.add.Tensor(added.meta["val"], mm.meta["val"])
         node.replace_all_uses_with(total)
         graph.erase_node(node)
         rewritten += 1
