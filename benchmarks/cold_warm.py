@@ -13,6 +13,10 @@ KV cache written in place, default options, `mark_dynamic_batch(..., hint=512)`)
   token instead of the first calls' compiles: on empty caches (it compiles and saves FILE2),
   again on the same caches, and on empty caches (both load FILE2: no Dynamo trace).
 
+Before them a throwaway cold process fills Python's bytecode cache (`PYTHONPYCACHEPREFIX`), as a
+torch installed by pip ships .pyc files; the H200 image's torch has none, and compiling the
+sources of what a first compile imports cost seconds of every fresh process (`--no-prime`: skip).
+
 Each prints, in seconds: load of the compile cache, first call of 8 tokens (Dynamo, split,
 Inductor pieces and the whole-graph compile), first call of 1 token (Dynamo traces batch 1
 apart; the dynamic graph's compile serves it, `batch_one`), `capture_all()` with its graph
@@ -25,11 +29,13 @@ benchmark's own inputs included).
     python benchmarks/cold_warm.py --out DIR [--soak 2000]
     python benchmarks/cold_warm.py --out DIR --phases cold --no-cudnn-sdp   # one phase, no cuDNN
     python benchmarks/cold_warm.py --out DIR --quick      # tiny model on CPU, simulated graphs
+    python benchmarks/cold_warm.py --out DIR --phases cold --profile-first DIR  # pstats files
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import datetime
 import io
@@ -90,7 +96,11 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
                 lambda: _precompile(model, cfg, device, args.precompile, options), device
             )
             result["precompile_loaded"] = compiled.loaded
-        result["first_call_8_s"] = timed_call(lambda: call(8, False), device)[1]
+        profiler = cProfile.Profile() if args.profile_first else None
+        with profiler or contextlib.nullcontext():
+            result["first_call_8_s"] = timed_call(lambda: call(8, False), device)[1]
+        if profiler is not None:
+            profiler.dump_stats(Path(args.profile_first) / f"first-call-{args.phase}.prof")
         result["first_call_1_s"] = timed_call(lambda: call(1, True), device)[1]
         if args.phase == "largest":
             return {**result, **_largest_keys(call, device), **_profiled_capture(device)}
@@ -217,6 +227,12 @@ def main() -> None:
         "--no-cudnn-sdp", action="store_true", help="torch.backends.cuda.enable_cudnn_sdp(False)"
     )
     parser.add_argument("--options", default="{}", help="extra cgcompile options, as JSON")
+    parser.add_argument(
+        "--profile-first", metavar="DIR", help="cProfile each phase's first call into DIR"
+    )
+    parser.add_argument(
+        "--no-prime", action="store_true", help="no throwaway process to fill Python's .pyc cache"
+    )
     parser.add_argument("--phase", choices=PHASES + AOT_PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--save", help=argparse.SUPPRESS)
@@ -230,6 +246,19 @@ def main() -> None:
     caches = {"cold": work / "a", "warm-local": work / "a", "warm-file": work / "b"}
     caches["largest"] = work / "a"
     caches.update(dict(zip(AOT_PHASES, (work / "c", work / "c", work / "d"), strict=True)))
+    if not args.no_prime:
+        # Python's own bytecode cache, filled by a throwaway cold process: a torch installed by
+        # pip ships .pyc files, and without them each fresh process compiles the sources of the
+        # modules a compile imports (1.6 s of `compile()` in a first call on the H200's image)
+        os.environ["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+        unset = os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # set in the H200's image
+        primed = _run(args, "cold", work / "prime", [])
+        pycs = sum(1 for _ in (work / "pycache").rglob("*.pyc"))
+        print(
+            f"primed Python's bytecode cache in {primed['process_s']:.1f}s: {pycs} .pyc files"
+            f"{' (PYTHONDONTWRITEBYTECODE unset for the phases)' if unset else ''}",
+            flush=True,
+        )
     rows = []
     for name in args.phases:
         extra = {"cold": ["--save", str(saved)], "warm-file": ["--load", str(saved)]}
@@ -250,6 +279,7 @@ def main() -> None:
         "what": "seconds from a fresh process to every capture size captured, cold and warm",
         "cudnn_sdp": not args.no_cudnn_sdp,
         "options": json.loads(args.options),
+        "python_bytecode_primed": not args.no_prime,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     name = "cold-warm-no-cudnn-sdp.json" if args.no_cudnn_sdp else "cold-warm.json"
@@ -264,6 +294,9 @@ def _run(args: argparse.Namespace, name: str, cache: Path, extra: list[str]) -> 
     cmd += ["--quick"] if args.quick else []
     cmd += ["--no-cudnn-sdp"] if args.no_cudnn_sdp else []
     cmd += ["--options", args.options]
+    if args.profile_first:
+        Path(args.profile_first).mkdir(parents=True, exist_ok=True)
+        cmd += ["--profile-first", str(Path(args.profile_first).resolve())]
     began = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - began
