@@ -104,12 +104,7 @@ def resolve_cudagraph_mode(
     batch, which needs ALWAYS.
     """
     state = _Lowering(mode)
-    if mode != NONE and not graphs_available:
-        state.lower(Rule.NO_GRAPH_RUNTIME, NONE, _NO_RUNTIME_CAUSE)
-    if state.mode != NONE and not_analysed is not None:
-        state.lower(Rule.NOT_ANALYSED, NONE, not_analysed)
-    if state.mode != NONE and needs_autograd:
-        state.lower(Rule.NEEDS_AUTOGRAD, NONE, _AUTOGRAD_CAUSE)
+    _lower_unavailable(state, graphs_available, not_analysed, needs_autograd)
     if state.mode == FULL and attention_support < AttentionCGSupport.ALWAYS:
         _check_not_never(attention_support)
         to = CUDAGraphMode.FULL_AND_PIECEWISE if splits_attention else FULL_DECODE_ONLY
@@ -121,14 +116,31 @@ def resolve_cudagraph_mode(
         if to == FULL_DECODE_ONLY and attention_support == AttentionCGSupport.ALWAYS:
             to = FULL
         state.lower(Rule.NOTHING_SPLIT, to, "splitting_ops is empty")
-    sizes = capture_sizes
-    q = uniform_decode_query_len
-    if state.mode.decode_mode() == FULL and q > 1:
-        sizes = round_sizes_to_multiple(capture_sizes, q)
-        if sizes != capture_sizes:
-            cause = f"{capture_sizes} -> {sizes}"
-            state.reasons.append(Downgrade(Rule.SIZES_ROUNDED_TO_Q, state.mode, state.mode, cause))
+    sizes = _decode_sizes(state, capture_sizes, uniform_decode_query_len)
     return Resolution(mode, state.mode, tuple(state.reasons), sizes)
+
+
+def _lower_unavailable(
+    state: _Lowering, graphs_available: bool, not_analysed: str | None, needs_autograd: bool
+) -> None:
+    """Rules 1-3: no runtime, no analysis or autograd outputs leave no graphs at all."""
+    if state.mode != NONE and not graphs_available:
+        state.lower(Rule.NO_GRAPH_RUNTIME, NONE, _NO_RUNTIME_CAUSE)
+    if state.mode != NONE and not_analysed is not None:
+        state.lower(Rule.NOT_ANALYSED, NONE, not_analysed)
+    if state.mode != NONE and needs_autograd:
+        state.lower(Rule.NEEDS_AUTOGRAD, NONE, _AUTOGRAD_CAUSE)
+
+
+def _decode_sizes(state: _Lowering, capture_sizes: tuple[int, ...], q: int) -> tuple[int, ...]:
+    """Rule 9: full decode graphs with q > 1 capture multiples of q."""
+    if state.mode.decode_mode() != FULL or q <= 1:
+        return capture_sizes
+    sizes = round_sizes_to_multiple(capture_sizes, q)
+    if sizes != capture_sizes:
+        cause = f"{capture_sizes} -> {sizes}"
+        state.reasons.append(Downgrade(Rule.SIZES_ROUNDED_TO_Q, state.mode, state.mode, cause))
+    return sizes
 
 
 class _Lowering:

@@ -12,8 +12,9 @@ from typing import Any
 
 from torch import fx
 
+from cgcompile.backend.analyses import Analyses
 from cgcompile.backend.batch_one import remember_dynamic, serve_batch_one
-from cgcompile.backend.pipeline import Analyses, compile_graph
+from cgcompile.backend.pipeline import compile_graph
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import ConfigError
 from cgcompile.runtime.compiled_graph import CompiledGraph

@@ -1,9 +1,9 @@
 """From a Dynamo graph to a `CompiledGraph`: the backend's steps, in order.
 
 1. find the attention ops in the graph and the lowest CUDA-graph support among them, the
-   inputs the graph writes in place (`passes.mutation`) and whether padding a batch could
-   change what the caller sees (`passes.pad_safety`): two runs on fake tensors, whose results
-   (`Analyses`) a graph rebuilt from a precompiled file takes from the file instead;
+   inputs the graph writes in place and whether padding a batch could change what the caller
+   sees: one run on fake tensors (`analyses`), whose results a graph rebuilt from a
+   precompiled file takes from the file instead;
 2. resolve the requested mode against that support, the attention left unsplit and whether
    the outputs need autograd (`resolution`), logging every downgrade;
 3. choose the path: with `use_inductor_graph_partition` and a mode with piecewise graphs,
@@ -11,8 +11,8 @@
    or when it cannot (logged at WARNING with the reason), the FX split (`fx_split`) compiles
    each piece; either way each piece or partition gets a PIECEWISE `CUDAGraphWrapper`;
 4. wrap the whole compiled graph in a FULL `CUDAGraphWrapper` if the mode has full graphs
-   (FULL_AND_PIECEWISE on the FX split with Inductor: a second compile of the unsplit graph,
-   `full_graph_compile`, other calls passing through to the split); all wrappers share one
+   (FULL_AND_PIECEWISE on the FX split: the split's pieces recorded as one graph, or with
+   `full_graph_compile="whole"` a second compile of the unsplit graph); all wrappers share one
    graph runtime (one memory pool);
 5. build the dispatcher's keys and return the runtime entry.
 Counters are updated only once all steps succeeded: Dynamo may restart analysis mid-way.
@@ -20,7 +20,6 @@ Counters are updated only once all steps succeeded: Dynamo may restart analysis 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -31,6 +30,7 @@ import torch
 from torch import fx
 
 from cgcompile.attention import attention_ops, find_attention, is_split_at
+from cgcompile.backend.analyses import Analyses, analysed_plan
 from cgcompile.backend.build import BuildRequest, Built
 from cgcompile.backend.compile_cache import cache_delta, inductor_cache_counts, note_compiled
 from cgcompile.backend.fx_split import build_split
@@ -41,20 +41,13 @@ from cgcompile.backend.partition import (
     compile_partitioned,
     unavailable_reason,
 )
-from cgcompile.backend.preconditions import (
-    check_batch_dims,
-    needs_autograd,
-    pad_check,
-    unsplit_attention_of,
-)
+from cgcompile.backend.preconditions import check_batch_dims, needs_autograd, unsplit_attention_of
 from cgcompile.backend.wrapping import full_wrapper, piecewise_factory
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import ConfigError
-from cgcompile.passes.mutation import ANALYSIS_ERRORS, Effects, find_effects
 from cgcompile.passes.op_match import OpMatcher, unknown_op_names
-from cgcompile.passes.pad_safety import PadCheck
 from cgcompile.passes.split import generated_forward
 from cgcompile.resolution import Resolution, resolve_cudagraph_mode
 from cgcompile.runtime.compiled_graph import CompiledGraph
@@ -66,24 +59,13 @@ logger = logging.getLogger(__name__)
 _graph_ids = itertools.count()
 
 
-@dataclasses.dataclass(frozen=True)
-class Analyses:
-    """What step 1's runs of the graph on fake tensors found; a graph rebuilt from a
-    precompiled file reuses its saving process's (`CompiledGraph.analyses`)."""
-
-    effects: Effects
-    not_analysed: str | None
-    """Why the effects are unknown (the fake run failed), if so."""
-    pad_unsafe: str | None
-    """Why padding could change what the caller sees, if so."""
-
-
 def compile_graph(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
     config: CompilationConfig,
     analyses: Analyses | None = None,
 ) -> CompiledGraph:
+    """Steps 1-5 of the module doc for one Dynamo graph (`analyses`: a saving process's)."""
     start = time.perf_counter()
     graph_id = next(_graph_ids)
     specs = attention_ops() if config.splitting_ops is None else config.splitting_ops
@@ -93,21 +75,11 @@ def compile_graph(
     support = _lowest_support(config, attention)
     _warn_unknown_ops(graph_id, config, targets)
     runtime_kind, device = _choose_runtime(config, example_inputs)
-    pads = config.cudagraph_mode != CUDAGraphMode.NONE and runtime_kind is not None
-    plan, analyses = _analysed_plan(graph_id, gm, example_inputs, pads, analyses)
-    if runtime_kind == "cuda":
-        plan = plan.with_host_scalars(example_inputs)
-    if support == AttentionCGSupport.ALWAYS:
-        plan = plan.with_decode_by_shape(gm, config.uniform_decode_query_len)
+    plan, analyses = _plan(graph_id, gm, example_inputs, config, runtime_kind, support, analyses)
     resolution = resolve_cudagraph_mode(
         config.cudagraph_mode,
         support,
-        splits_attention=is_split_at(matcher, targets),
-        piecewise_available=bool(matcher),
-        graphs_available=runtime_kind is not None,
-        not_analysed=analyses.not_analysed,
-        needs_autograd=needs_autograd(gm),
-        unsplit_attention=unsplit_attention_of(config, matcher, targets),
+        **_graph_facts(gm, config, matcher, targets, runtime_kind is not None, analyses),
         uniform_decode_query_len=config.uniform_decode_query_len,
         capture_sizes=_capture_sizes(config, plan),
     )
@@ -130,8 +102,8 @@ def compile_graph(
     report = _report(graph_id, config, resolution, attention, support, runtime_kind, built)
     report.compile_seconds = time.perf_counter() - start
     report.inductor_cache = cache_delta(cache_before, inductor_cache_counts())
-    note_compiled(graph_id)
     report.pad_unsafe = plan.pad_unsafe
+    note_compiled(graph_id)
     _log_resolution(graph_id, resolution, attention, built)
     shapes_only, traced = built.shapes_only, generated_forward(gm)
     graph = CompiledGraph(
@@ -141,6 +113,44 @@ def compile_graph(
     return graph
 
 
+def _plan(
+    graph_id: int,
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    config: CompilationConfig,
+    runtime_kind: str | None,
+    support: AttentionCGSupport,
+    saved: Analyses | None,
+) -> tuple[InputPlan, Analyses]:
+    """Step 1's input plan: the analyses, host scalars on CUDA, decode batches by shape."""
+    pads = config.cudagraph_mode != CUDAGraphMode.NONE and runtime_kind is not None
+    plan, analyses = analysed_plan(graph_id, gm, example_inputs, pads, saved)
+    if runtime_kind == "cuda":
+        plan = plan.with_host_scalars(example_inputs)
+    if support == AttentionCGSupport.ALWAYS:
+        plan = plan.with_decode_by_shape(gm, config.uniform_decode_query_len)
+    return plan, analyses
+
+
+def _graph_facts(
+    gm: fx.GraphModule,
+    config: CompilationConfig,
+    matcher: OpMatcher,
+    targets: list[Any],
+    graphs_available: bool,
+    analyses: Analyses,
+) -> dict[str, Any]:
+    """What `resolve_cudagraph_mode` needs to know of this graph beyond its attention support."""
+    return {
+        "splits_attention": is_split_at(matcher, targets),
+        "piecewise_available": bool(matcher),
+        "graphs_available": graphs_available,
+        "not_analysed": analyses.not_analysed,
+        "needs_autograd": needs_autograd(gm),
+        "unsplit_attention": unsplit_attention_of(config, matcher, targets),
+    }
+
+
 def _lowest_support(
     config: CompilationConfig, attention: dict[str, AttentionCGSupport]
 ) -> AttentionCGSupport:
@@ -148,41 +158,6 @@ def _lowest_support(
     if config.attention_cg_support is not None:  # NEVER is 0: test for None, not truthiness
         return config.attention_cg_support
     return min(attention.values(), default=AttentionCGSupport.ALWAYS)
-
-
-def _analysed_plan(
-    graph_id: int,
-    gm: fx.GraphModule,
-    example_inputs: Sequence[Any],
-    pads: bool,
-    saved: Analyses | None,
-) -> tuple[InputPlan, Analyses]:
-    """The input plan with step 1's analyses (`pads`: whether padding safety matters): run
-    now, in one fake run of the graph, or taken from `saved`."""
-    if saved is not None:
-        plan = InputPlan.from_graph(gm, example_inputs, saved.effects)
-        if pads:
-            plan = dataclasses.replace(plan, pad_unsafe=saved.pad_unsafe)
-        return plan, Analyses(saved.effects, saved.not_analysed, plan.pad_unsafe)
-    # the batch, names and pad values do not depend on the effects
-    check = pad_check(gm, InputPlan.from_graph(gm, example_inputs)) if pads else None
-    effects, not_analysed = _effects(graph_id, gm, example_inputs, check)
-    plan = InputPlan.from_graph(gm, example_inputs, effects)
-    if check is not None:
-        plan = dataclasses.replace(plan, pad_unsafe=check.verdict().reason)
-    return plan, Analyses(effects, not_analysed, plan.pad_unsafe)
-
-
-def _effects(
-    graph_id: int, gm: fx.GraphModule, example_inputs: Sequence[Any], check: PadCheck | None
-) -> tuple[Effects, str | None]:
-    """The graph's effects on its inputs, or (none, why they are unknown); `check` judges
-    padding during the same run."""
-    try:
-        return find_effects(gm, example_inputs, check.watch if check else None), None
-    except ANALYSIS_ERRORS as exc:
-        logger.debug("graph %d: fake run failed", graph_id, exc_info=True)
-        return Effects((), {}), f"{type(exc).__name__}: {exc}".strip().split("\n")[0]
 
 
 def _warn_unknown_ops(graph_id: int, config: CompilationConfig, targets: list[Any]) -> None:

@@ -7,7 +7,7 @@ returns a `SavedGraph`: the compiled graph (a `CompiledGraph` or a `PaddedBatchO
 before compiling, the Dynamo graph with its fake example values (`GraphPickler`), the options and
 what the backend reads from the real example inputs beyond their fake values (pad values, a
 batch dim other than 0, which inputs are parameters), and after compiling what the backend's
-fake runs found (`pipeline.Analyses`). Loading rebuilds the fake example inputs from those
+fake runs found (`backend.analyses.Analyses`). Loading rebuilds the fake example inputs from those
 facts and runs the backend again on the same graph without those fake runs: its Inductor
 compiles are cache lookups (the caller loads the saved Inductor artifacts first). A batch-1
 graph that the saving process served by a dynamic graph (`backend.batch_one`) is saved with the

@@ -96,7 +96,7 @@ class CompiledGraph:
         self.dispatcher = dispatcher
         self.plan = plan
         self.analyses: Any = None
-        """What the backend's fake runs found (`backend.pipeline.Analyses`), kept for saving."""
+        """What the backend's fake runs found (`backend.analyses.Analyses`), kept for saving."""
         self._report = report
         self.wrappers = wrappers
         self.runtime = runtime

@@ -359,12 +359,12 @@ def test_train_mode_batch_norm_running_stats_equal_eager(mode, compiler):
 def test_a_graph_that_cannot_be_analysed_runs_without_graphs_and_says_why(monkeypatch, caplog):
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
-    import cgcompile.backend.pipeline as pipeline
+    import cgcompile.backend.analyses as analyses
 
     def fails(gm, example_inputs, watch=None):
         raise DataDependentOutputException(torch.ops.aten._local_scalar_dense.default)
 
-    monkeypatch.setattr(pipeline, "find_effects", fails)
+    monkeypatch.setattr(analyses, "find_effects", fails)
     compiled = compile_model(double, "FULL_AND_PIECEWISE")
     with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
         for n in (4, 4, 3):
