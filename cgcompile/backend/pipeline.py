@@ -79,7 +79,12 @@ def compile_graph(
     resolution = resolve_cudagraph_mode(
         config.cudagraph_mode,
         support,
-        **_graph_facts(gm, config, matcher, targets, runtime_kind is not None, analyses),
+        splits_attention=is_split_at(matcher, targets),
+        piecewise_available=bool(matcher),
+        graphs_available=runtime_kind is not None,
+        not_analysed=analyses.not_analysed,
+        needs_autograd=needs_autograd(gm),
+        unsplit_attention=unsplit_attention_of(config, matcher, targets),
         uniform_decode_query_len=config.uniform_decode_query_len,
         capture_sizes=_capture_sizes(config, plan),
     )
@@ -130,25 +135,6 @@ def _plan(
     if support == AttentionCGSupport.ALWAYS:
         plan = plan.with_decode_by_shape(gm, config.uniform_decode_query_len)
     return plan, analyses
-
-
-def _graph_facts(
-    gm: fx.GraphModule,
-    config: CompilationConfig,
-    matcher: OpMatcher,
-    targets: list[Any],
-    graphs_available: bool,
-    analyses: Analyses,
-) -> dict[str, Any]:
-    """What `resolve_cudagraph_mode` needs to know of this graph beyond its attention support."""
-    return {
-        "splits_attention": is_split_at(matcher, targets),
-        "piecewise_available": bool(matcher),
-        "graphs_available": graphs_available,
-        "not_analysed": analyses.not_analysed,
-        "needs_autograd": needs_autograd(gm),
-        "unsplit_attention": unsplit_attention_of(config, matcher, targets),
-    }
 
 
 def _lowest_support(
