@@ -30,6 +30,7 @@ benchmark's own inputs included).
     python benchmarks/cold_warm.py --out DIR --phases cold --no-cudnn-sdp   # one phase, no cuDNN
     python benchmarks/cold_warm.py --out DIR --quick      # tiny model on CPU, simulated graphs
     python benchmarks/cold_warm.py --out DIR --phases cold --profile-first DIR  # pstats files
+    python benchmarks/cold_warm.py --out DIR --turns TORCH_WARM_POOL=0 --soak 0  # A/B, cold
 """
 
 from __future__ import annotations
@@ -99,8 +100,9 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
         profiler = cProfile.Profile() if args.profile_first else None
         with profiler or contextlib.nullcontext():
             result["first_call_8_s"] = timed_call(lambda: call(8, False), device)[1]
-        if profiler is not None:
+        if profiler is not None:  # cProfile slows Python-bound compile work ~1.7x: flag it
             profiler.dump_stats(Path(args.profile_first) / f"first-call-{args.phase}.prof")
+            result["first_call_8_profiled"] = True
         result["first_call_1_s"] = timed_call(lambda: call(1, True), device)[1]
         if args.phase == "largest":
             return {**result, **_largest_keys(call, device), **_profiled_capture(device)}
@@ -233,6 +235,13 @@ def main() -> None:
     parser.add_argument(
         "--no-prime", action="store_true", help="no throwaway process to fill Python's .pyc cache"
     )
+    parser.add_argument(
+        "--turns",
+        metavar="NAME=VALUE",
+        help="instead of --phases: the cold phase in turns with and without this environment "
+        "variable, fresh caches each time, --rounds times (an A/B of a setting)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of --turns")
     parser.add_argument("--phase", choices=PHASES + AOT_PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--save", help=argparse.SUPPRESS)
@@ -260,7 +269,14 @@ def main() -> None:
             flush=True,
         )
     rows = []
-    for name in args.phases:
+    if args.turns:
+        name, _, value = args.turns.partition("=")
+        for turn in range(args.rounds * 2):
+            env = {name: value} if turn % 2 == 0 else {}
+            rows.append(_run(args, "cold", work / f"turn-{turn}", [], env))
+            rows[-1]["env"] = args.turns if env else f"{name} unset"
+            print(f"[{rows[-1]['env']}] " + _line(rows[-1]), flush=True)
+    for name in [] if args.turns else args.phases:
         extra = {"cold": ["--save", str(saved)], "warm-file": ["--load", str(saved)]}
         if name.startswith("aot-"):
             extra[name] = ["--precompile", str(work / "bench.cgaot")]
@@ -283,12 +299,19 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     name = "cold-warm-no-cudnn-sdp.json" if args.no_cudnn_sdp else "cold-warm.json"
+    name = "cold-warm-turns.json" if args.turns else name
     (args.out / name).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
-def _run(args: argparse.Namespace, name: str, cache: Path, extra: list[str]) -> dict[str, Any]:
+def _run(
+    args: argparse.Namespace,
+    name: str,
+    cache: Path,
+    extra: list[str],
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """One phase in a fresh process whose Inductor and Triton caches live under `cache`."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
+    env = {**os.environ, **(extra_env or {}), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
     env["TRITON_CACHE_DIR"] = str(cache / "triton")
     cmd = [sys.executable, __file__, "--phase", name, "--soak", str(args.soak), *extra]
     cmd += ["--quick"] if args.quick else []
@@ -323,8 +346,10 @@ def _line(row: dict[str, Any]) -> str:
         first = f"precompile {row['precompile_s']:.1f}s ({how})"
         row = {**row, "reports": [first, *row["reports"]]}
     steps = " ".join(f"{n}:{ms:.3f}" for n, ms in row["step_ms"].items())
+    profiled = " (first call profiled)" * row.get("first_call_8_profiled", False)
     return (
-        f"{row['phase']:10} ready {ready:6.1f}s (load {row.get('load_s', 0):.1f}, first 8 "
+        f"{row['phase']:10} ready {ready:6.1f}s{profiled} (load {row.get('load_s', 0):.1f}, "
+        f"first 8 "
         f"{row['first_call_8_s']:.1f}, first 1 {row['first_call_1_s']:.1f}, capture_all "
         f"{row['capture_all_s']:.1f} for {row['graphs_captured']} graphs), graph memory "
         f"{row['graph_memory_mib']:.0f} MiB, step ms {steps}, soak {row['soak_calls']} calls: "
