@@ -268,14 +268,7 @@ def main() -> None:
             f"{' (PYTHONDONTWRITEBYTECODE unset for the phases)' if unset else ''}",
             flush=True,
         )
-    rows = []
-    if args.turns:
-        name, _, value = args.turns.partition("=")
-        for turn in range(args.rounds * 2):
-            env = {name: value} if turn % 2 == 0 else {}
-            rows.append(_run(args, "cold", work / f"turn-{turn}", [], env))
-            rows[-1]["env"] = args.turns if env else f"{name} unset"
-            print(f"[{rows[-1]['env']}] " + _line(rows[-1]), flush=True)
+    rows = _turns(args, work) if args.turns else []
     for name in [] if args.turns else args.phases:
         extra = {"cold": ["--save", str(saved)], "warm-file": ["--load", str(saved)]}
         if name.startswith("aot-"):
@@ -301,6 +294,20 @@ def main() -> None:
     name = "cold-warm-no-cudnn-sdp.json" if args.no_cudnn_sdp else "cold-warm.json"
     name = "cold-warm-turns.json" if args.turns else name
     (args.out / name).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+def _turns(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """The cold phase with and without `args.turns` (NAME=VALUE) in its environment, in turns,
+    `args.rounds` times, fresh caches each time."""
+    name, _, value = args.turns.partition("=")
+    rows = []
+    for turn in range(args.rounds * 2):
+        env = {name: value} if turn % 2 == 0 else {}
+        row = _run(args, "cold", work / f"turn-{turn}", [], env)
+        row["env"] = args.turns if env else f"{name} unset"
+        print(f"[{row['env']}] " + _line(row), flush=True)
+        rows.append(row)
+    return rows
 
 
 def _run(
@@ -349,8 +356,7 @@ def _line(row: dict[str, Any]) -> str:
     profiled = " (first call profiled)" * row.get("first_call_8_profiled", False)
     return (
         f"{row['phase']:10} ready {ready:6.1f}s{profiled} (load {row.get('load_s', 0):.1f}, "
-        f"first 8 "
-        f"{row['first_call_8_s']:.1f}, first 1 {row['first_call_1_s']:.1f}, capture_all "
+        f"first 8 {row['first_call_8_s']:.1f}, first 1 {row['first_call_1_s']:.1f}, capture_all "
         f"{row['capture_all_s']:.1f} for {row['graphs_captured']} graphs), graph memory "
         f"{row['graph_memory_mib']:.0f} MiB, step ms {steps}, soak {row['soak_calls']} calls: "
         f"{row['soak_graphs_captured']} graphs, graph memory "
