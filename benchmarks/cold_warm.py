@@ -30,7 +30,7 @@ benchmark's own inputs included).
     python benchmarks/cold_warm.py --out DIR --phases cold --no-cudnn-sdp   # one phase, no cuDNN
     python benchmarks/cold_warm.py --out DIR --quick      # tiny model on CPU, simulated graphs
     python benchmarks/cold_warm.py --out DIR --phases cold --profile-first DIR  # pstats files
-    python benchmarks/cold_warm.py --out DIR --turns TORCH_WARM_POOL=0 --soak 0  # A/B, cold
+    python benchmarks/cold_warm.py --out DIR --turns TORCHINDUCTOR_COMPILE_THREADS=1 --soak 0  # A/B
 """
 
 from __future__ import annotations

@@ -77,20 +77,6 @@ def _layout(args: Sequence[Any]) -> tuple[Any, ...]:
     )
 
 
-def warm_compile_workers(example_inputs: Sequence[Any], compiler: str) -> None:
-    """Start Inductor's Triton compile workers now, before the graph's analyses and split, as
-    torch's own `inductor` backend does on entry. Left to the first piece's compile, they boot
-    while that compile's kernels are built one by one in this process. Only for CUDA inputs
-    (the workers build Triton kernels); `TORCH_WARM_POOL=0` turns it off, as for torch's."""
-    if compiler != "inductor" or not any(
-        isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs
-    ):
-        return
-    from torch._inductor.async_compile import maybe_warm_pool
-
-    maybe_warm_pool()
-
-
 def compile_one(gm: fx.GraphModule, args: Sequence[Any], compiler: str) -> Compiled:
     """Compile a piece for the (fake, symbolic) args it receives."""
     if compiler == "eager":

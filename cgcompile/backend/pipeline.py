@@ -15,9 +15,7 @@
    `full_graph_compile="whole"` a second compile of the unsplit graph); all wrappers share one
    graph runtime (one memory pool);
 5. build the dispatcher's keys and return the runtime entry.
-Before step 1 Inductor's Triton compile workers start (CUDA inputs compiled by Inductor), so
-they are up when the first piece's kernels are built. Counters are updated only once all steps
-succeeded: Dynamo may restart analysis mid-way.
+Counters are updated only once all steps succeeded: Dynamo may restart analysis mid-way.
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ from cgcompile.backend.partition import (
     compile_partitioned,
     unavailable_reason,
 )
-from cgcompile.backend.piece_compiler import warm_compile_workers
 from cgcompile.backend.preconditions import check_batch_dims, needs_autograd, unsplit_attention_of
 from cgcompile.backend.wrapping import full_wrapper, piecewise_factory
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
@@ -70,7 +67,6 @@ def compile_graph(
 ) -> CompiledGraph:
     """Steps 1-5 of the module doc for one Dynamo graph (`analyses`: a saving process's)."""
     start = time.perf_counter()
-    warm_compile_workers(example_inputs, config.compiler)
     graph_id = next(_graph_ids)
     specs = attention_ops() if config.splitting_ops is None else config.splitting_ops
     matcher = OpMatcher(specs)

@@ -48,7 +48,6 @@ import torch
 
 from cgcompile import torch_features
 from cgcompile.backend.compile_cache import process_header
-from cgcompile.backend.piece_compiler import warm_compile_workers
 from cgcompile.backend.saved_graph import saving_backend
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import CGCompileError, ConfigError, ConfigTypeError
@@ -81,9 +80,6 @@ def precompile(
         seconds = time.perf_counter() - start
         logger.info("precompiled %s loaded from %s in %.2fs", _name(model), target, seconds)
         return Precompiled(model, options, functions, True, None, seconds)
-    # the workers boot while Dynamo traces, instead of at the first piece's compile
-    compiler = CompilationConfig.from_options(options).compiler
-    warm_compile_workers([arg for example in examples for arg in example], compiler)
     try:
         functions = _compile_and_save(model, examples, target, options)
     except CGCompileError:

@@ -118,10 +118,6 @@ run backendcall backend-call-own.log python benchmarks/profile_backend_call.py -
 # the cold phase again with cuDNN attention off (STAGES=coldwarm-nocudnn): what it costs capture_all
 run coldwarm-nocudnn cold-warm-no-cudnn.log python benchmarks/cold_warm.py --out "$out" \
   --phases cold --soak 200 --no-cudnn-sdp
-# cold phases in turns: Inductor's compile workers started at the backend's entry (default)
-# against at the first piece's compile (TORCH_WARM_POOL=0) (STAGES=warmpool: ~5 minutes)
-run warmpool cold-warm-turns.log python benchmarks/cold_warm.py --out "$out" \
-  --turns TORCH_WARM_POOL=0 --rounds 2 --soak 0
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
 

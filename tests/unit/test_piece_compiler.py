@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import tests.support.silly  # noqa: F401  (registers silly::attention and silly::attention_fresh)
 from cgcompile.backend import piece_compiler
@@ -162,24 +161,3 @@ def test_a_placeholder_without_a_fake_value_runs_the_split_graph(
     torch._dynamo.mark_dynamic(x, 0)
     fn = lambda x: torch.ops.silly.attention_fresh(x * 2, x, x) + 1  # noqa: E731
     torch.compile(fn, backend=backend, fullgraph=True)(x)
-
-
-@pytest.mark.parametrize(
-    ("device", "compiler", "warms"),
-    [("cuda", "inductor", True), ("cuda", "eager", False), ("cpu", "inductor", False)],
-)
-def test_compile_workers_start_before_a_cuda_inductor_compile(
-    monkeypatch: pytest.MonkeyPatch, device: str, compiler: str, warms: bool
-) -> None:
-    """Inductor's Triton workers are started at the backend's entry only where they will build
-    kernels: CUDA inputs compiled by Inductor."""
-    import torch._inductor.async_compile
-
-    calls: list[str] = []
-    monkeypatch.setattr(
-        torch._inductor.async_compile, "maybe_warm_pool", lambda: calls.append("warm")
-    )
-    with FakeTensorMode():
-        x = torch.empty(4, device=device)
-    piece_compiler.warm_compile_workers([3, x], compiler)
-    assert calls == (["warm"] if warms else [])
