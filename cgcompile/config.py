@@ -149,8 +149,19 @@ _CHOICES = {
 
 
 def default_capture_sizes(max_size: int) -> tuple[int, ...]:
-    """[1, 2, 4] + multiples of 8 below 256 + multiples of 16 from 256, up to max_size."""
-    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)]
+    """1, 2, 4, multiples of 8 up to 64, then four sizes per doubling (a step of a quarter of the
+    power of two below, at most 256), up to max_size, which is always included.
+
+    Up to 512 that is 23 sizes: 1, 2, 4, 8, 16, ..., 64, 80, 96, 112, 128, 160, ..., 448, 512.
+    A batch pads by at most a quarter of its size above 64 tokens, where a step's time grows
+    slowly with its tokens; small batches, where padding costs the most, keep fine steps.
+    """
+    sizes = [1, 2, 4, *range(8, 65, 8)]
+    power = 64
+    while sizes[-1] < max_size:
+        step = min(power // 4, 256)
+        sizes += range(power + step, 2 * power + 1, step)
+        power *= 2
     return tuple(sorted({s for s in sizes if s <= max_size} | {max_size}))
 
 

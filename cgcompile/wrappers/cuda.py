@@ -8,18 +8,19 @@ never writes the outputs another one handed out. `weak_ref_tensors` turns output
 non-owning aliases so their pool blocks are free for later captures.
 
 Capture steps (`CUDAGraphRuntime.capture`):
-1. synchronize the device: the warm-up runs are done and nothing else is in flight;
-2. make the side stream wait on the current stream (the default stream cannot capture);
-3. disable the garbage collector: a collection mid-capture can free something the graph uses
+1. make the side stream wait on the current stream (the default stream cannot capture), so the
+   warm-up runs come first; no device synchronise: the pool is private, so nothing in flight
+   on other streams can hand the capture memory it still uses;
+2. disable the garbage collector: a collection mid-capture can free something the graph uses
    (e.g. a Triton kernel's module) and invalidate the graph;
-4. on the side stream: `capture_begin(pool)` (thread-local capture mode: other threads may
+3. on the side stream: `capture_begin(pool)` (thread-local capture mode: other threads may
    run CUDA work meanwhile), run fn, weak-alias the outputs if asked,
    `capture_end`; any failure ends the capture and is raised as `CaptureError`;
-5. make the current stream wait on the side stream, restore the collector, add the growth of
+4. make the current stream wait on the side stream, restore the collector, add the growth of
    reserved memory to `memory_bytes()`.
 
-`torch.cuda.graph` is not used: its `__enter__` empties the allocator cache on every capture,
-which is slow with one capture per layer and size.
+`torch.cuda.graph` is not used: its `__enter__` synchronises the device and empties the
+allocator cache on every capture, which is slow with one capture per piece and size.
 
     runtime = CUDAGraphRuntime(torch.device("cuda"))
     graph, out = runtime.capture(fn, (x,), weak_output=False); graph.replay()  # fills out
@@ -144,7 +145,6 @@ class CUDAGraphRuntime:
         pool: Any,
     ) -> Any:
         current = torch.cuda.current_stream(self.device)
-        torch.cuda.synchronize(self.device)
         self.stream.wait_stream(current)
         with torch.cuda.stream(self.stream):
             # thread_local: CUDA calls of other threads (the eager calls of threads that do not

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cgcompile.config import (
     AttentionCGSupport,
@@ -77,9 +79,11 @@ def test_attention_support_order() -> None:
 
 
 def _expected_default_sizes(max_size: int) -> list[int]:
-    sizes = [s for s in (1, 2, 4) if s <= max_size]
-    sizes += [s for s in range(8, 256, 8) if s <= max_size]
-    sizes += [s for s in range(256, max_size + 1, 16)]
+    """The rule written out by hand: fine steps to 64, then 4 per doubling, step <= 256."""
+    sizes = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    sizes += [80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512]
+    sizes += [640, 768, 896, 1024, 1280, 1536, 1792, 2048, *range(2304, 4097, 256)]
+    sizes = [s for s in sizes if s <= max_size]
     if sizes[-1] != max_size:
         sizes.append(max_size)
     return sizes
@@ -92,21 +96,32 @@ def test_from_options_defaults() -> None:
     assert list(config.cudagraph_capture_sizes) == _expected_default_sizes(512)
 
 
-def test_default_sizes_for_512_has_51_entries() -> None:
+def test_default_sizes_for_512_has_23_entries() -> None:
     sizes = default_capture_sizes(512)
-    assert len(sizes) == 51  # [1, 2, 4] + 31 multiples of 8 below 256 + 17 of 16 from 256
+    assert len(sizes) == 23  # 1, 2, 4 + 8 multiples of 8 up to 64 + 4 per doubling x 3
     assert sizes[:5] == (1, 2, 4, 8, 16)
-    assert sizes[-3:] == (480, 496, 512)
+    assert sizes[-5:] == (256, 320, 384, 448, 512)
 
 
-@pytest.mark.parametrize("max_size", [1, 3, 8, 100, 255, 256, 300, 512, 1000], ids=str)
+@pytest.mark.parametrize(
+    "max_size", [1, 3, 8, 100, 255, 256, 300, 512, 1000, 2048, 4096], ids=str
+)
 def test_default_sizes_formula(max_size: int) -> None:
     assert list(default_capture_sizes(max_size)) == _expected_default_sizes(max_size)
 
 
+@given(st.integers(1, 8192))
+def test_default_sizes_pad_by_at_most_a_quarter_above_64(n: int) -> None:
+    """Every batch of n tokens pads to the next size, at most 8 rows below 64 and at most a
+    quarter of n above it (n up to the max): the padding waste the grid allows."""
+    sizes = default_capture_sizes(8192)
+    padded = min(s for s in sizes if s >= n)
+    assert padded - n < (8 if n <= 64 else max(n / 4, 8))
+
+
 def test_default_sizes_always_include_the_max() -> None:
     sizes = CompilationConfig.from_options({"max_cudagraph_capture_size": 300})
-    assert sizes.cudagraph_capture_sizes[-3:] == (272, 288, 300)
+    assert sizes.cudagraph_capture_sizes[-3:] == (224, 256, 300)
 
 
 @pytest.mark.parametrize(
