@@ -72,7 +72,8 @@ def make_inputs(kind: str, n: int, seed: int) -> tuple[Any, ...]:
 def chosen(kind: str, n: int) -> str:
     """The backend SDPA's dispatcher picks for this shape, by name."""
     q, k, v, mask, causal = make_inputs(kind, n, 0)
-    return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal)).name
+    names = {member.value: name for name, member in SDPBackend.__members__.items()}
+    return names.get(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal), "unknown")
 
 
 def measure(kind: str, n: int, backend: str, seed: int) -> dict[str, Any]:

@@ -259,10 +259,11 @@ def main() -> None:
         # Python's own bytecode cache, filled by a throwaway cold process: a torch installed by
         # pip ships .pyc files, and without them each fresh process compiles the sources of the
         # modules a compile imports (1.6 s of `compile()` in a first call on the H200's image)
-        os.environ["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+        # (a prefix already set is used and filled: later runs with --no-prime read it)
+        pycache = Path(os.environ.setdefault("PYTHONPYCACHEPREFIX", str(work / "pycache")))
         unset = os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # set in the H200's image
         primed = _run(args, "cold", work / "prime", [])
-        pycs = sum(1 for _ in (work / "pycache").rglob("*.pyc"))
+        pycs = sum(1 for _ in pycache.rglob("*.pyc"))
         print(
             f"primed Python's bytecode cache in {primed['process_s']:.1f}s: {pycs} .pyc files"
             f"{' (PYTHONDONTWRITEBYTECODE unset for the phases)' if unset else ''}",

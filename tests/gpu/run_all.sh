@@ -118,6 +118,19 @@ run backendcall backend-call-own.log python benchmarks/profile_backend_call.py -
 # the cold phase again with cuDNN attention off (STAGES=coldwarm-nocudnn): what it costs capture_all
 run coldwarm-nocudnn cold-warm-no-cudnn.log python benchmarks/cold_warm.py --out "$out" \
   --phases cold --soak 200 --no-cudnn-sdp
+# not in the default stages: start-up (STAGES=startup, ~5 min): which SDPA backend each shape
+# takes and its plan cost; the step time of every size 1..512 under each capture grid; time to
+# ready with the default grid (cold, precompiled), with the old 51-size grid, with eager pieces
+case " $stages " in *" startup "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
+run startup attention-backends.log python benchmarks/attention_backends.py --out "$out"
+run startup capture-grid.log python benchmarks/capture_grid.py --out "$out"
+run startup cold-warm-grid.log python benchmarks/cold_warm.py --out "$out/grid" --soak 200 \
+  --phases cold aot-cold aot-warm-local
+old='[1, 2, 4, '"$(seq -s ', ' 8 8 248)"', '"$(seq -s ', ' 256 16 512)"']'
+run startup cold-warm-old-grid.log python benchmarks/cold_warm.py --out "$out/old-grid" --soak 0 \
+  --no-prime --phases cold --options "{\"cudagraph_capture_sizes\": $old}"
+run startup cold-warm-eager.log python benchmarks/cold_warm.py --out "$out/eager" --soak 0 \
+  --no-prime --phases cold aot-cold aot-warm-local --options '{"compiler": "eager"}'
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
 

@@ -103,9 +103,7 @@ def test_default_sizes_for_512_has_23_entries() -> None:
     assert sizes[-5:] == (256, 320, 384, 448, 512)
 
 
-@pytest.mark.parametrize(
-    "max_size", [1, 3, 8, 100, 255, 256, 300, 512, 1000, 2048, 4096], ids=str
-)
+@pytest.mark.parametrize("max_size", [1, 3, 8, 100, 255, 256, 300, 512, 1000, 2048, 4096], ids=str)
 def test_default_sizes_formula(max_size: int) -> None:
     assert list(default_capture_sizes(max_size)) == _expected_default_sizes(max_size)
 
