@@ -120,7 +120,7 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
         result["step_ms"] = {n: _step_ms(call, n, device) for n in STEP_SIZES}
         result.update(_soak(call, args.soak, device))
         result["dynamo_traces"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    if args.save:
+    if args.save and options.get("compiler", "inductor") == "inductor":  # eager: nothing to save
         cgcompile.save_compile_cache(args.save)
     return result
 

@@ -28,11 +28,13 @@ from cgcompile.forward_context import (
 )
 from cgcompile.resolution import Downgrade, Resolution, Rule, resolve_cudagraph_mode
 from cgcompile.runtime import CompiledGraph, capture_all, compiled_graphs
+from cgcompile.runtime.background import BackgroundCapture
 from cgcompile.runtime.trusted import trusted
 from cgcompile.wrappers import CUDAGraphWrapper
 
 __all__ = [
     "AttentionCGSupport",
+    "BackgroundCapture",
     "BatchDescriptor",
     "CGCompileError",
     "CUDAGraphMode",

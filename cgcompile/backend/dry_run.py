@@ -6,7 +6,9 @@ tensors the splitting op (attention) hands to the next piece: their shapes, dtyp
 devices, not their values (capture records kernels; it reads no data). Running the op for
 real would write what it writes, e.g. a KV cache. Inside `shapes_only(split)` each splitting
 piece of `split.split_gm` computes its outputs' metadata on fake tensors and returns zeros
-of those shapes and strides; on exit the real pieces are back. The metadata is computed once
+of those shapes and strides, for the thread that entered the block only (other threads' calls,
+e.g. the owner's calls beside a background `capture_all`, run the real op); on exit the real
+pieces are back. The metadata is computed once
 per structure of the piece and metadata of its inputs within a block: the N identical attention
 pieces of one key cost one fake run (a fake run costs milliseconds of host time, which made it
 most of `capture_all`'s time).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import weakref
 from collections.abc import Hashable, Iterator
 from typing import Any
@@ -50,14 +53,21 @@ class _Spec:
 
 class _ShapesOnly:
     """Runs a splitting piece on fake tensors (once per input metadata among the pieces of the
-    same structure sharing `specs`); returns zero tensors shaped like its outputs."""
+    same structure sharing `specs`); returns zero tensors shaped like its outputs. Calls from
+    any thread but `thread` run `real`."""
 
-    def __init__(self, graph: fx.GraphModule, specs: dict[Hashable, Any]) -> None:
+    def __init__(
+        self, graph: fx.GraphModule, specs: dict[Hashable, Any], real: Any, thread: int
+    ) -> None:
         self.graph = graph
         self.signature = _signature(graph)
         self.specs = specs
+        self.real = real
+        self.thread = thread
 
     def __call__(self, *args: Any) -> Any:
+        if threading.get_ident() != self.thread:
+            return self.real(*args)
         key = (self.signature, tuple(_describe(a) for a in args))
         specs = self.specs.get(key)
         if specs is None:
@@ -99,13 +109,15 @@ def _signature(graph: fx.GraphModule) -> Hashable:
 
 @contextlib.contextmanager
 def shapes_only(split: SplitResult) -> Iterator[None]:
-    """Within the block, every splitting piece of `split` is a `_ShapesOnly` stand-in."""
+    """Within the block, every splitting piece of `split` is a `_ShapesOnly` stand-in for the
+    calling thread."""
     installed = split.split_gm.__dict__
     saved = {item.name: installed[item.name] for item in split.splitting}
     specs: dict[Hashable, Any] = {}
+    thread = threading.get_ident()
     try:
         for item in split.splitting:
-            installed[item.name] = _ShapesOnly(item.graph, specs)
+            installed[item.name] = _ShapesOnly(item.graph, specs, saved[item.name], thread)
         yield
     finally:
         installed.update(saved)

@@ -58,10 +58,29 @@ class Capturable(Protocol):
 
 
 logger = logging.getLogger(__name__)
+_ALONE = contextlib.nullcontext()
 
 
 def capture_graphs(graph: Capturable, progress: bool) -> int:
     """Capture every listed key for every live instance of `graph`; returns graphs recorded."""
+    todo = plan_captures(graph)
+    before = counters.num_cudagraph_captured
+    with frozen_heap(), torch.no_grad():  # graphs are for inference: no autograd records
+        for item in _progress(todo, progress, f"graph {graph.report_id}"):
+            capture_key(graph, *item)
+    captured = counters.num_cudagraph_captured - before
+    logger.info("graph %d: captured %d graphs for %d keys", graph.report_id, captured, len(todo))
+    return captured
+
+
+CaptureItem = tuple[int, list[Any], CUDAGraphMode, Any]
+"""(module instance slot, an example call's args, runtime mode, batch descriptor)."""
+
+
+def plan_captures(graph: Capturable) -> list[CaptureItem]:
+    """Every (instance, key) of `graph` to capture, after the eager first run of each runtime
+    mode that never ran (`_unready_modes`); empty for a graph the calling thread may not own
+    or whose instances are gone (said why)."""
     graph_id = graph.report_id
     if not graph.owner.claim():
         logger.warning(
@@ -70,12 +89,12 @@ def capture_graphs(graph: Capturable, progress: bool) -> int:
             graph.owner.name,
             threading.current_thread().name,
         )
-        return 0
+        return []
     examples = [(slot, graph.instances.example(slot)) for slot in graph.instances.live()]
     examples = [(slot, args) for slot, args in examples if args is not None]
     if not examples and graph.instances.remembered:
         logger.debug("graph %d: capture_all skips it: its module instances were freed", graph_id)
-        return 0
+        return []
     if not examples:
         raise CGCompileError(
             f"graph {graph_id}: capture_all needs one call of the compiled model first; it "
@@ -85,14 +104,7 @@ def capture_graphs(graph: Capturable, progress: bool) -> int:
     with torch.no_grad():
         unready = _unready_modes(graph, examples)
     keys = [(m, d) for m, d in keys if m not in unready]
-    todo = [(slot, args, mode, desc) for slot, args in examples for mode, desc in keys]
-    before = counters.num_cudagraph_captured
-    with frozen_heap(), torch.no_grad():  # graphs are for inference: no autograd records
-        for item in _progress(todo, progress, f"graph {graph_id}"):
-            _capture_key(graph, *item)
-    captured = counters.num_cudagraph_captured - before
-    logger.info("graph %d: captured %d graphs for %d keys", graph_id, captured, len(todo))
-    return captured
+    return [(slot, args, mode, desc) for slot, args in examples for mode, desc in keys]
 
 
 def to_capture(graphs: list[Capturable]) -> list[Capturable]:
@@ -174,10 +186,18 @@ def _warm_up(
             tensor.copy_(value)
 
 
-def _capture_key(
-    graph: Capturable, slot: int, example: list[Any], mode: CUDAGraphMode, desc: Any
+def capture_key(
+    graph: Capturable,
+    slot: int,
+    example: list[Any],
+    mode: CUDAGraphMode,
+    desc: Any,
+    turn: contextlib.AbstractContextManager[Any] = _ALONE,
 ) -> None:
-    args = graph.static_inputs.at_size(example, desc.num_tokens)
+    """Record the graphs of one key on padding rows (each capture under `turn`); a
+    `CaptureError` leaves the key to lazy capture, with a WARNING."""
+    with turn:  # padding rows go into the static buffers the owner's calls also fill
+        args = graph.static_inputs.at_size(example, desc.num_tokens)
     shape_key = graph.plan.shape_key(args)
     pieces = contextlib.nullcontext()
     if mode == CUDAGraphMode.PIECEWISE and graph.shapes_only is not None:

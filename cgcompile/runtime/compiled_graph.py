@@ -36,13 +36,14 @@ import threading
 import weakref
 from collections.abc import Callable
 from sys import getrefcount
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.dispatcher import CudagraphDispatcher
+from cgcompile.errors import CGCompileError
 from cgcompile.forward_context import (
     BATCH_HINT,
     FORWARD_CONTEXT,
@@ -51,6 +52,7 @@ from cgcompile.forward_context import (
     set_forward_context,
 )
 from cgcompile.runtime import bulk_capture
+from cgcompile.runtime.background import BackgroundCapture, Turns
 from cgcompile.runtime.fallbacks import FallbackLog
 from cgcompile.runtime.inputs import InputPlan
 from cgcompile.runtime.instances import EVENTS, InstanceSlots, weak_method
@@ -126,6 +128,9 @@ class CompiledGraph:
         """`_batch_kind` without a hint."""
         self._ready: dict[tuple[Any, ...], ReadyCall] = {}
         """(slot, n, batch kind, sizes) -> the prebuilt steady state of a verified key."""
+        self.capture_turns: Turns | None = None
+        """While a background `capture_all` records this graph's keys: the lock its captures
+        and this graph's calls take turns on (`background`); calls then skip `steady`."""
         _live_graphs.add(self)
 
     @property
@@ -137,7 +142,11 @@ class CompiledGraph:
         out = self.steady(args)
         if out is not MISS:
             return out
-        return self._call(args)
+        turns = self.capture_turns
+        if turns is None:
+            return self._call(args)
+        with turns:  # beside a background capture_all: one of its captures at a time
+            return self._call(args)
 
     def steady(self, args: Any, any_ready: bool = True) -> Any:
         """This call's outputs if it is a key's steady state (graphs verified, instance known,
@@ -151,6 +160,7 @@ class CompiledGraph:
             self.owner.ident != threading.get_ident()
             or FORWARD_CONTEXT.get() is not None
             or not self.uses_graphs
+            or self.capture_turns is not None
         ):
             return MISS
         instances = self.instances
@@ -319,6 +329,13 @@ class CompiledGraph:
         live module instance (see `bulk_capture`); runs nothing, so no tensor changes. Needs
         one call with graphs first (its parameters, layout and warmed-up kernels) and the
         thread that owns the graphs. Returns graphs captured."""
+        if self.capture_turns is not None:
+            logger.warning(
+                "graph %d: capture_all skips it: a background capture_all is recording its "
+                "graphs; wait() for that one",
+                self.report_id,
+            )
+            return 0
         return bulk_capture.capture_graphs(self, progress) if self.uses_graphs else 0
 
     def _dispatch(self, n: int, kind: tuple[bool, bool] | None) -> tuple[CUDAGraphMode, Any]:
@@ -370,7 +387,13 @@ class CompiledGraph:
         return self.report.format()
 
 
-def capture_all(progress: bool = True) -> int:
+@overload
+def capture_all(progress: bool = ..., background: Literal[False] = ...) -> int: ...
+@overload
+def capture_all(progress: bool = ..., *, background: Literal[True]) -> BackgroundCapture: ...
+
+
+def capture_all(progress: bool = True, background: bool = False) -> int | BackgroundCapture:
     """Capture now every graph that every live compiled graph's dispatcher lists.
 
     A compiled graph must have been called once at a size with graphs (it reuses that call's
@@ -380,7 +403,20 @@ def capture_all(progress: bool = True) -> int:
     recorded: one per piece for each PIECEWISE key plus one per FULL key, for each live module
     instance; keys captured before are not counted, so a second call returns 0. `progress`: a
     tqdm bar.
+
+    `background=True`: returns a `BackgroundCapture` at once and records the graphs on a
+    thread of its own while this thread's calls go on (`runtime.background`): each call
+    replays what is captured so far and waits for at most one capture; `.wait()` returns the
+    graphs recorded meanwhile.
     """
     graphs = bulk_capture.to_capture([g for g in compiled_graphs() if g.uses_graphs])
+    if background:
+        busy = [g for g in graphs if g.capture_turns is not None]
+        if busy:
+            raise CGCompileError(
+                f"graph {busy[0].report_id} is being captured in the background already; "
+                f"wait() for that capture_all first"
+            )
+        return BackgroundCapture(graphs)
     with bulk_capture.frozen_heap():  # one collection for every graph
         return sum(graph.capture_all(progress) for graph in graphs)

@@ -105,6 +105,8 @@ class TrustedCall:
             if arg.dtype is not dtype or arg.dim() != rank:
                 return self._through_dynamo(args, kwargs)
         graph = binding.graph
+        if graph.capture_turns is not None:  # a background capture_all: calls take turns
+            return self._through_dynamo(args, kwargs)
         ready = graph._ready.get((binding.slot, n, graph._batch_kind(n), ()))
         if ready is None or (ready.outputs.still_held() and not ready.outputs.release()):
             return self._through_dynamo(args, kwargs)

@@ -11,6 +11,7 @@ each piece inside it, only the one whose mode matches captures and replays.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ from cgcompile.wrappers.graph_entry import GraphEntry, GraphKey
 from cgcompile.wrappers.runtime import GraphRuntime
 
 logger = logging.getLogger(__name__)
+_ALONE = contextlib.nullcontext()
 
 
 class CUDAGraphWrapper:
@@ -101,6 +103,9 @@ class CUDAGraphWrapper:
         """Whether `runnable` ran outside a capture (a warm-up or a pass-through call)."""
         self._int_positions: tuple[int, ...] | None = None
         self._warned = False
+        self.turn: contextlib.AbstractContextManager[Any] = _ALONE
+        """Held around each capture: a background `capture_all`'s lock, which the owner
+        thread's calls hold for their whole call, so the two take turns one graph at a time."""
 
     @property
     def num_captures(self) -> int:
@@ -198,6 +203,17 @@ class CUDAGraphWrapper:
 
     def _capture(
         self, key: GraphKey, args: tuple[Any, ...], dry_run: bool = False
+    ) -> tuple[GraphEntry, Any]:
+        """Record the graph for `key` under `turn`, unless the other side of a background
+        `capture_all` recorded it while this capture waited for its turn."""
+        with self.turn:
+            entry = self.entries.get(key)
+            if entry is not None:
+                return entry, entry.graph.output
+            return self._record(key, args, dry_run)
+
+    def _record(
+        self, key: GraphKey, args: tuple[Any, ...], dry_run: bool
     ) -> tuple[GraphEntry, Any]:
         """Record the graph for `key`, reading copied args from buffers the entry owns."""
         static = self._static_buffers(args)

@@ -1,0 +1,156 @@
+"""`capture_all(background=True)`: record every graph on a thread of its own while calls go on.
+
+Steps:
+1. in the calling thread (the one that owns the graphs): plan each graph's keys and run the
+   eager first run of any runtime mode that never ran (it writes state, so it cannot overlap
+   a call), collect garbage once, and give each graph and its wrappers a `Turns` lock;
+2. on the thread `cgcompile-capture`, on the caller's CUDA stream: for each key, write its
+   padding rows into the static buffers and record its graphs, each under the lock. The owner's
+   calls hold the same lock for their whole call, so a call waits for at most the one capture
+   under way, and replays every key captured so far; a key not captured yet runs as it would
+   without the thread (warm-up, lazy capture);
+3. at the end the graphs lose their lock (calls take the lock-free path again) and the handle
+   reports graphs captured, keys and seconds; an error of the thread is logged at once and
+   raised again by `wait()`, never lost. A key whose capture fails is left to lazy capture,
+   with one WARNING, as in `capture_all()`.
+
+    job = cgcompile.capture_all(background=True)   # returns at once
+    ...                                            # calls run meanwhile
+    graphs = job.wait()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from cgcompile.counters import counters
+from cgcompile.runtime import bulk_capture
+
+logger = logging.getLogger(__name__)
+
+
+class Turns:
+    """A re-entrant lock shared by a graph's calls and its background captures. After each
+    capture the thread hands the interpreter over (`time.sleep(0)`), so a waiting call runs
+    next instead of after the interpreter's switch interval (5 ms)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.capturer: int | None = None
+        """`threading.get_ident()` of the capturing thread."""
+
+    def __enter__(self) -> Turns:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+        if threading.get_ident() == self.capturer:
+            time.sleep(0)
+
+
+class BackgroundCapture:
+    """A running `capture_all(background=True)`: progress, the time it took, its error."""
+
+    def __init__(self, graphs: list[Any]) -> None:
+        self.total_keys = 0
+        """Keys planned over every graph (instances x keys)."""
+        self.keys_done = 0
+        self.graphs_captured = 0
+        self.seconds: float | None = None
+        """Wall time from the start to the last key; None while running."""
+        self.error: BaseException | None = None
+        self._plans = [(graph, bulk_capture.plan_captures(graph)) for graph in graphs]
+        self.total_keys = sum(len(todo) for _, todo in self._plans)
+        self._turns = Turns()
+        gc.collect()  # once, here: a collection on the thread would stall the calls meanwhile
+        self._stream = _current_stream(graphs)
+        self._inference = torch.is_inference_mode_enabled()
+        """The caller's inference mode, thread-local in torch: the thread runs under it too,
+        as the caller's tensors may be inference tensors."""
+        for graph, _ in self._plans:
+            graph.capture_turns = self._turns
+            for wrapper in graph.wrappers:
+                wrapper.turn = self._turns
+        self._started = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="cgcompile-capture", daemon=True)
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until every key is captured (or `timeout` seconds); return graphs captured.
+        Raises the thread's error, if it had one, or `TimeoutError`."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(
+                f"background capture still running after {timeout} s: "
+                f"{self.keys_done}/{self.total_keys} keys"
+            )
+        if self.error is not None:
+            raise self.error
+        return self.graphs_captured
+
+    def _run(self) -> None:
+        self._turns.capturer = threading.get_ident()
+        before = counters.num_cudagraph_captured
+        try:
+            grad_off = torch.inference_mode() if self._inference else torch.no_grad()
+            with grad_off, _on_stream(self._stream):
+                for graph, todo in self._plans:
+                    for item in todo:
+                        bulk_capture.capture_key(graph, *item, turn=self._turns)
+                        self.keys_done += 1
+        except BaseException as exc:  # noqa: BLE001 - kept for wait(), and logged now
+            self.error = exc
+            logger.error("background capture failed after %d keys: %r", self.keys_done, exc)
+        finally:
+            with self._turns:
+                for graph, _ in self._plans:
+                    graph.capture_turns = None
+                    for wrapper in graph.wrappers:
+                        wrapper.turn = contextlib.nullcontext()  # reusable: no state
+                self.graphs_captured = counters.num_cudagraph_captured - before
+                self.seconds = time.perf_counter() - self._started
+            logger.info(
+                "background capture: %d graphs for %d/%d keys in %.2f s",
+                self.graphs_captured,
+                self.keys_done,
+                self.total_keys,
+                self.seconds,
+            )
+
+    def __repr__(self) -> str:
+        state = "running" if not self.done else f"done in {self.seconds:.2f} s"
+        return (
+            f"BackgroundCapture({state}, {self.keys_done}/{self.total_keys} keys, "
+            f"{self.graphs_captured} graphs)"
+        )
+
+
+def _current_stream(graphs: list[Any]) -> Any:
+    """The caller's current CUDA stream where a graph captures CUDA graphs, else None: the
+    thread issues its work there, ordered with the caller's calls."""
+    devices = {getattr(g.runtime, "device", None) for g in graphs} - {None}
+    if not devices:
+        return None
+    return torch.cuda.current_stream(next(iter(devices)))
+
+
+@contextlib.contextmanager
+def _on_stream(stream: Any) -> Iterator[None]:
+    if stream is None:
+        yield
+        return
+    with torch.cuda.stream(stream):
+        yield

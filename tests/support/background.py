@@ -1,0 +1,60 @@
+"""Calls beside `capture_all(background=True)` against eager, shared by the CPU (simulated
+graphs) and GPU tests: the example Llama writes its KV caches in place on every call."""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import torch
+
+import cgcompile
+from examples.llama import Llama, LlamaConfig, _read_slots, make_inputs, mark_batch
+
+CFG = LlamaConfig(num_layers=2, cache_len=64)
+SIZES = [1, 2, 4, 8, 16]
+
+
+def compile_pair(device: str, **options: Any) -> tuple[torch.nn.Module, torch.nn.Module, Any]:
+    """(model, an eager copy, the compiled model) on `device`, capture sizes `SIZES`."""
+    model = Llama(CFG).to(device).eval()
+    reference = copy.deepcopy(model)
+    options = {"cudagraph_capture_sizes": SIZES, **options}
+    return model, reference, torch.compile(model, backend="cudagraph_modes", options=options)
+
+
+def call_and_check(compiled: Any, reference: Any, n: int, decode: bool, seed: int) -> None:
+    """One call of n tokens (decode or mixed); its logits must equal the eager copy's."""
+    device = next(reference.parameters()).device
+    tokens, positions = make_inputs(CFG, n, device, torch.Generator().manual_seed(seed))
+    mark_batch(CFG, tokens, positions)
+    with cgcompile.batch_hint(uniform_decode=decode):
+        got = compiled(tokens, positions)
+    torch.testing.assert_close(got, reference(tokens, positions), rtol=1e-4, atol=1e-4)
+
+
+def calls_beside_capture(compiled: Any, model: Any, reference: Any) -> tuple[Any, int]:
+    """First calls, then `capture_all(background=True)` and random calls until it is done, each
+    checked against eager, then the KV caches; returns (the finished job, calls made while it
+    ran)."""
+    rng = random.Random(0)
+    call_and_check(compiled, reference, 8, False, 0)
+    call_and_check(compiled, reference, 1, True, 1)
+    job = cgcompile.capture_all(background=True)
+    during = 0
+    for seed in range(2, 2000):
+        if job.done:
+            break
+        call_and_check(compiled, reference, rng.randint(1, 20), rng.random() < 0.5, seed)
+        during += 1
+    job.wait(timeout=300)
+    torch.testing.assert_close(_read_slots(model), _read_slots(reference))
+    return job, during
+
+
+def soak(compiled: Any, reference: Any, calls: int) -> None:
+    """`calls` random calls, each checked against eager."""
+    rng = random.Random(1)
+    for seed in range(calls):
+        call_and_check(compiled, reference, rng.randint(1, 16), rng.random() < 0.5, 10_000 + seed)
