@@ -5,13 +5,13 @@ batches >= 2 once and batch 1 once more (it specialises size 1); Inductor compil
 with the size's example value as a hint, and the second is served by that compile, padded to 2
 rows, where the two graphs match (`batch_one`, `backend/batch_one.py`). `unbacked=True` marks it
 unbacked instead (with one `shape_id` shared by the inputs; torch >= 2.11, older torch logs a
-warning once and marks the batch backed), so every size including 1 shares ONE trace, at a cost
-measured on the H200 (torch 2.11, bf16 Llama, 16 layers): Inductor's code for an unbacked batch
-ran 272 kernels per step instead of 194, and 13% (8 tokens) to 36% (1024 tokens) more GPU time
-than the backed or static code, which matched each other (docs/BENCHMARKS.md). An unbacked size
-also has no example value, so code that asks `n == 1` while tracing cannot be traced: on torch
-2.11 with CUDA, SDPA's cuDNN eligibility check does that and Dynamo breaks the graph at every
-attention call unless that kernel is disabled (`torch.backends.cuda.enable_cudnn_sdp(False)`).
+warning once and marks the batch backed), so every size including 1 shares ONE trace, at a
+cost: Inductor's code for an unbacked batch runs more kernels and more GPU time than the
+backed or static code, which match each other (docs/BENCHMARKS.md, "Which batch marking?").
+An unbacked size also has no example value, so code that asks `n == 1` while tracing cannot
+be traced: on torch 2.11 with CUDA, SDPA's cuDNN eligibility check does that and Dynamo breaks
+the graph at every attention call unless that kernel is disabled
+(`torch.backends.cuda.enable_cudnn_sdp(False)`).
 
     cgcompile.mark_dynamic_batch(tokens, positions)                 # 2 traces, 1 compile
     cgcompile.mark_dynamic_batch(tokens, positions, unbacked=True)  # one trace for 1..max
@@ -19,14 +19,12 @@ attention call unless that kernel is disabled (`torch.backends.cuda.enable_cudnn
     logits = compiled(tokens, positions)
 
 `hint=N` (torch's `hint_override`) makes N, not the first example's size, the size Inductor
-tunes the dynamic graph's kernels for; pass the largest capture size. On the H200 an unhinted
-graph traced at 8 tokens ran its MLP activation kernel 1.8-3.5x slower at 1024 tokens than a
-static compile, FULL 1.18x a hand-captured graph; with the hint, 1.03x. Inductor's cache key
-includes the hint but not an example size, so without one, whichever size first compiled the
-graph into the cache decides. Dynamo traces a backed batch with N as its size and then checks
-its guards against the real input, so a trace that depends on the batch size fails loudly. A
-batch of 1 takes no hint: its graph is specialised to size 1 anyway (and Dynamo's guard check
-rejects a hinted size 1).
+tunes the dynamic graph's kernels for; pass the largest capture size, where a kernel tuned for
+a small batch costs the most. Inductor's cache key includes the hint but not an example size,
+so without one, whichever size first compiled the graph into the cache decides. Dynamo
+traces a backed batch with N as its size and then checks its guards against the real input,
+so a trace that depends on the batch size fails loudly. A batch of 1 takes no hint: its graph
+is specialised to size 1 anyway (and Dynamo's guard check rejects a hinted size 1).
 """
 
 from __future__ import annotations
@@ -61,7 +59,7 @@ def mark_dynamic_batch(
     so they reject another dim when the graph compiles (`ConfigError`; mode NONE takes any).
     `unbacked`: one trace for every size, batch 1 included (torch >= 2.11; older torch warns
     once and marks the batch backed), but Inductor's kernels for an unbacked size are slower
-    (13-36% more GPU time on an H200, docs/guide.md); False: batches >= 2 share a trace and
+    (docs/guide.md, "Marking the batch"); False: batches >= 2 share a trace and
     batch 1 gets a trace of its own (served padded by the first's compile). `hint`: the size
     Inductor tunes the dynamic graph's kernels for; pass your largest capture size (a batch of
     1 takes none: its trace is static).

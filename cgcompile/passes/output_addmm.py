@@ -4,9 +4,10 @@ Inductor turns `mm(a, b) + c` into `addmm(c, a, b)` unless every user of the sum
 (then it keeps the add, to fuse it into those users' kernel). A graph output is not a pointwise
 user, so a piece of a split graph whose residual sum is handed to the next piece gets an addmm:
 on a GPU, a copy of `c` into the result and a gemm that reads it back, where the unsplit graph
-has a plain mm and the add fused into the RMSNorm kernel that follows. On a 16-layer Llama step
-that was 30 extra copies and 3% of the GPU time (H200, 2026-12-04), the whole of the gap
-between full graphs replaying the pieces and a whole-graph compile.
+has a plain mm and the add fused into the RMSNorm kernel that follows: one extra copy and
+one extra read per residual add, which made full graphs replaying the pieces slower than a
+whole-graph compile (docs/BENCHMARKS.md, "Does FULL_AND_PIECEWISE cost anything on decode
+steps?").
 
 `unfuse_output_addmm` undoes it after Inductor's own patterns: an addmm on a GPU whose added
 tensor has the result's shape (a residual, not a broadcast bias), with alpha and beta 1, whose
