@@ -131,6 +131,11 @@ run startup cold-warm-old-grid.log python benchmarks/cold_warm.py --out "$out/ol
   --no-prime --phases cold --options "{\"cudagraph_capture_sizes\": $old}"
 run startup cold-warm-eager.log python benchmarks/cold_warm.py --out "$out/eager" --soak 0 \
   --no-prime --phases cold aot-cold aot-warm-local --options '{"compiler": "eager"}'
+# not in the default stages: FULL_AND_PIECEWISE's decode steps against FULL's, one process per
+# model family, peers in turns (STAGES=fpfull, ~4 min)
+for family in llama rows hf-llama hf-qwen3; do
+  run fpfull "fp-vs-full-$family.log" python benchmarks/fp_vs_full.py --out "$out" --family "$family"
+done
 # not in the default stages: calls served while capture_all(background=True) runs (~1 min)
 run background background-capture.log python benchmarks/background_capture.py --out "$out"
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)

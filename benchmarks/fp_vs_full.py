@@ -1,0 +1,109 @@
+"""FULL_AND_PIECEWISE's decode steps against FULL's, on each model family, peers in turns.
+
+One process per family (`--family`): three copies of the model compiled as `FULL`,
+`FULL_AND_PIECEWISE` (its full graphs replay the pieces, the default) and
+`FULL_AND_PIECEWISE/whole` (`full_graph_compile="whole"`). Each captures its decode graphs at
+batch 1 and 8; then, in `--rounds` rounds whose peer order rotates, each peer replays `--steps`
+back-to-back decode steps on fixed random inputs, timed with CUDA events (no host syncs inside
+the loop). Printed per batch size: each peer's median ms per step and the median over rounds of
+its ratio to FULL in the same round.
+
+    python benchmarks/fp_vs_full.py --out DIR --family rows
+    python benchmarks/fp_vs_full.py --out DIR --family llama --quick    # tiny model, CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._families import NAMES, build  # noqa: E402
+from benchmarks._timing import sync  # noqa: E402
+
+PEERS = {
+    "FULL": {"cudagraph_mode": "FULL"},
+    "FULL_AND_PIECEWISE": {},
+    "FULL_AND_PIECEWISE/whole": {"full_graph_compile": "whole"},
+}
+BATCHES = (1, 8)
+
+
+def loop_ms(step: Any, steps: int, device: torch.device) -> float:
+    """ms per step over `steps` back-to-back calls (CUDA events; wall clock on CPU)."""
+    if device.type != "cuda":
+        import time
+
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - start) * 1e3 / steps
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / steps
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--family", choices=NAMES, required=True)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="tiny model, simulated on CPU")
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available() and not args.quick
+    device = torch.device("cuda" if cuda else "cpu")
+    family = build(args.family, device.type, torch.bfloat16 if cuda else torch.float32, args.quick)
+    extra = {} if cuda else {"graph_runtime": "simulated", "compiler": "eager"}
+    steps: dict[tuple[str, int], Any] = {}
+    with torch.inference_mode():
+        for peer, options in PEERS.items():
+            model = copy.deepcopy(family.model)
+            compiled = torch.compile(model, backend="cudagraph_modes", options=options | extra)
+            for b in BATCHES:
+                inputs = family.inputs(b)
+                for _ in range(3):  # warm-up, capture, replay
+                    family.run(compiled, inputs)
+                steps[peer, b] = lambda c=compiled, i=inputs: family.run(c, i)
+        sync(device)
+        times: dict[tuple[str, int], list[float]] = {key: [] for key in steps}
+        names = list(PEERS)
+        for r in range(args.rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for b in BATCHES:
+                for peer in order:
+                    times[peer, b].append(loop_ms(steps[peer, b], args.steps, device))
+    result: dict[str, Any] = {"family": args.family, "device": str(device), "rows": []}
+    if cuda:
+        result |= {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    for b in BATCHES:
+        for peer in names:
+            ratios = [t / f for t, f in zip(times[peer, b], times["FULL", b], strict=True)]
+            row = {
+                "batch": b,
+                "peer": peer,
+                "ms": round(statistics.median(times[peer, b]), 4),
+                "ratio_to_full": round(statistics.median(ratios), 4),
+            }
+            result["rows"].append(row)
+            ms, ratio = row["ms"], row["ratio_to_full"]
+            print(f"{args.family:9} batch {b}: {peer:26} {ms:.4f} ms  x{ratio:.3f}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"fp-vs-full-{args.family}.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
