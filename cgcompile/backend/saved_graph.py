@@ -23,14 +23,19 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch._functorch.config
 import torch._inductor.config
+import torch.utils._pytree as pytree
 from torch import fx
 from torch._dynamo.aot_compile import SerializableCallable
+from torch._dynamo.utils import (
+    maybe_disable_inference_mode,
+    maybe_disable_inference_mode_for_fake_prop,
+)
 from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._graph_pickler import GraphPickler, Options
@@ -92,9 +97,11 @@ class SavedGraph(SerializableCallable):
     def deserialize_compile_artifacts(cls, data: bytes) -> SavedGraph:
         state = pickle.loads(data)
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-        gm = GraphPickler.loads(state["graph"], fake_mode)
+        with _slices_as_pytree_nodes():
+            gm = GraphPickler.loads(state["graph"], fake_mode)
         examples = _examples(gm, state["facts"])
         with contextlib.ExitStack() as stack:
+            stack.enter_context(_compiling())
             stack.enter_context(tracing(TracingContext(fake_mode)))
             for module, values in state["config"].items():
                 stack.enter_context(_CONFIGS[module].patch(values))
@@ -119,7 +126,8 @@ def saving_backend(
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> SavedGraph:
         _drop_meta(gm)
         graph = _pickled(gm)  # before compiling: passes annotate gm
-        compiled = cudagraph_modes(gm, example_inputs, options)
+        with _compiling():
+            compiled = cudagraph_modes(gm, example_inputs, options)
         state = _state(graph, example_inputs, options)
         state["analyses"] = getattr(compiled, "analyses", None)  # a batch-1 graph served: none
         if isinstance(compiled, PaddedBatchOne):
@@ -131,6 +139,15 @@ def saving_backend(
         return SavedGraph(compiled, pickle.dumps(state))
 
     return backend
+
+
+@contextlib.contextmanager
+def _compiling() -> Iterator[None]:
+    """Inference mode off (grad stays off) while the backend compiles, as Dynamo turns it off
+    around a just-in-time compile but not around torch's AOT compile's backend call: fake runs
+    of the graph read version counters, which inference tensors lack."""
+    with maybe_disable_inference_mode(), maybe_disable_inference_mode_for_fake_prop():
+        yield
 
 
 def _drop_meta(gm: fx.GraphModule) -> None:
@@ -146,10 +163,29 @@ def _pickled(gm: fx.GraphModule, inputs_only: bool = False) -> bytes:
     for node in kept:
         node.meta = {}
     try:
-        return _Pickler.dumps(gm, Options(ops_filter=None))
+        with _slices_as_pytree_nodes():
+            return _Pickler.dumps(gm, Options(ops_filter=None))
     finally:
         for node, meta in zip(kept, metas, strict=True):
             node.meta = meta
+
+
+@contextlib.contextmanager
+def _slices_as_pytree_nodes() -> Iterator[None]:
+    """Slices as pytree nodes while a graph is pickled or unpickled. Torch's graph pickler maps
+    the nodes in a node's arguments with pytree, and a slice can hold one: `cache[:n]` with a
+    dynamic `n` is `getitem(cache, slice(None, sym_size_int))`. Newer torch registers slices
+    there itself; torch 2.11 does not, and fails with "Unexpected raw Node during pickling"."""
+    if slice in pytree.SUPPORTED_NODES:
+        yield
+        return
+    pytree._private_register_pytree_node(
+        slice, lambda s: ([s.start, s.stop, s.step], None), lambda bounds, _: slice(*bounds)
+    )
+    try:
+        yield
+    finally:
+        pytree._deregister_pytree_node(slice)
 
 
 def _state(graph: bytes, example_inputs: Sequence[Any], options: dict[str, Any]) -> dict[str, Any]:

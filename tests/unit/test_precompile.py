@@ -3,10 +3,13 @@
 loads it with no Dynamo trace and every Inductor compile a cache hit, serves every size with
 eager's logits and caches, and `capture_all()` leaves nothing to capture; a file saved with
 other options or other model code is refused with one warning and compiled again; misuse is
-told apart."""
+told apart. A decode step shaped like a user's Llama (KV cache written at index rows, a masked
+SDPA over a slice bounded by the batch size, bf16) saves and loads under `no_grad` and
+`inference_mode`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -37,6 +40,18 @@ def run(path: Path, model_dir: Path, *args: str, cache: str = "inductor") -> dic
     argv = [str(path), str(model_dir), *args]
     stdout, _ = run_fresh("tests.support.precompile_run", argv, inductor, triton)
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+def run_rows(path: Path, *args: str) -> dict:
+    """tests/support/precompile_rows.py in a fresh process (see `run`)."""
+    stdout, _ = run_fresh("tests.support.precompile_rows", [str(path), *args], path.parent / "ind")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def not_served(result: dict) -> list[str]:
+    """The warnings that say the file was not saved, not loaded, or a call not served by it."""
+    words = ("not precompiled", "not loaded", "fits none", "not saved")
+    return [w for w in result["warnings"] if any(word in w for word in words)]
 
 
 def assert_equals_eager(result: dict) -> None:
@@ -240,3 +255,50 @@ def test_without_aot_compile_it_compiles_just_in_time_and_saves_nothing(
     y = torch.randn(4, 16)
     with torch.no_grad():
         assert torch.allclose(step(y), model(y))
+
+
+@needs_aot
+@pytest.mark.parametrize("grad_mode", ["no_grad", "inference"])
+def test_a_decode_step_writing_kv_rows_with_a_masked_sdpa_saves_and_loads(tmp_path, grad_mode):
+    path = tmp_path / "rows.cgaot"
+    saved = run_rows(path, "--grad-mode", grad_mode)
+    assert saved["functions"] == 2 and "no file" in saved["why_compiled"]
+    loaded = run_rows(path, "--grad-mode", grad_mode)
+    assert loaded["loaded"] is True and loaded["dynamo_traces_after_calls"] == 0
+    for result in (saved, loaded):
+        assert not_served(result) == []
+        assert result["max_error"] == 0 and result["cache_error"] == 0  # compiler eager: exact
+
+
+class SlicedCache(nn.Module):
+    """Reads `cache[:B]`: Dynamo's graph holds a slice bounded by the batch size's node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.randn(8, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.cache[: x.shape[0]]
+
+
+@needs_aot
+def test_a_slice_bounded_by_the_batch_size_saves_with_a_pickler_that_maps_no_slices(
+    tmp_path, monkeypatch, caplog
+):
+    """Torch 2.11's graph pickler did not map the nodes inside slices ("Unexpected raw Node
+    during pickling"); newer torch's is made to behave as it did."""
+    from torch.fx import _graph_pickler
+
+    if hasattr(_graph_pickler, "patch_pytree_map_over_slice"):
+        monkeypatch.setattr(_graph_pickler, "patch_pytree_map_over_slice", contextlib.nullcontext)
+    model, x = SlicedCache(), torch.randn(4, 16)
+    cgcompile.mark_dynamic_batch(x)
+    path = tmp_path / "sliced.cgaot"
+    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
+        saved = cgcompile.precompile(model, [(x,)], path, OPTIONS)
+        loaded = cgcompile.precompile(model, [(x,)], path, OPTIONS)
+        for n in (3, 8):
+            y = torch.randn(n, 16)
+            assert torch.allclose(loaded(y), model(y))
+    assert len(saved.functions) == 1 and loaded.loaded is True
+    assert "not precompiled" not in caplog.text and "fits none" not in caplog.text
