@@ -7,6 +7,9 @@ torch and cgcompile versions and the device. `load_compile_cache(path)`, in a ne
 the first call, puts them into the local caches, so compiling each piece becomes a cache lookup.
 Dynamo still traces the model, cgcompile still splits it and captures its graphs.
 
+`precompile_header` and `header_differences` are the same check for `cgcompile.precompile`'s
+files, which also name the options, the examples and the model's source files.
+
 Nothing is loaded wrong: a file from another torch, cgcompile or device is refused with one
 WARNING and the process compiles as usual; the caches are keyed by graph, options and
 configuration, so a changed model or option finds no entry and compiles anew, which the first
@@ -19,16 +22,21 @@ compile after such a load reports once at WARNING (`note_compiled`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib
 import importlib.metadata
+import inspect
 import json
 import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch._dynamo.utils import counters as torch_counters
 
+from cgcompile.config import CompilationConfig
 from cgcompile.errors import CGCompileError
 from cgcompile.wrappers import device_name
 
@@ -53,6 +61,67 @@ def process_header() -> dict[str, str]:
         "python": python,
         "device": device_name(),
     }
+
+
+def precompile_header(
+    options: dict[str, Any], examples: list[tuple[Any, ...]], sources: dict[str, str]
+) -> dict[str, Any]:
+    """A precompiled file's header (`backend.precompile`): `process_header`, digests of the
+    options and of the examples (with the grad mode), and the checksums of the source files
+    Dynamo traced (`sources`, by module name)."""
+    config = repr(CompilationConfig.from_options(options))
+    return {
+        **process_header(),
+        "options": _digest(config),
+        "examples": _digest(repr([_describe(e) for e in examples] + [torch.is_grad_enabled()])),
+        "sources": sources,
+    }
+
+
+def header_differences(
+    saved: dict[str, Any], options: dict[str, Any], examples: list[tuple[Any, ...]]
+) -> list[str]:
+    """How the process that saved a precompiled file differs from this one (empty: it fits)."""
+    ours = precompile_header(options, examples, {})
+    differ = [
+        f"{k} {saved.get(k)!r} (here {v!r})"
+        for k, v in ours.items()
+        if k != "sources" and saved.get(k) != v
+    ]
+    for module, checksum in saved.get("sources", {}).items():
+        if source_checksum(module) != checksum:
+            differ.append(f"the source of {module} changed")
+    return differ
+
+
+def source_checksum(module_name: str) -> str | None:
+    """A digest of a module's source, None where it has none (a built-in, a missing file)."""
+    try:
+        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+        source = inspect.getsource(module)
+    except (ImportError, OSError, TypeError):
+        return None
+    return _digest(source)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _describe(example: tuple[Any, ...]) -> list[Any]:
+    """What the example calls' guards depend on: each tensor's dtype, device, grad flag,
+    shape (marked dims as -1) and whether it is an inference tensor (made under
+    `torch.inference_mode()`: its dispatch keys differ); other arguments' values."""
+    described: list[Any] = []
+    for a in example:
+        if isinstance(a, torch.Tensor):
+            dynamic = getattr(a, "_dynamo_dynamic_indices", set())
+            shape = [-1 if d in dynamic else n for d, n in enumerate(a.shape)]
+            flags = (a.requires_grad, a.is_inference())
+            described.append((str(a.dtype), a.device.type, *flags, shape))
+        else:
+            described.append(repr(a))
+    return described
 
 
 def save_compile_cache(path: str | os.PathLike[str]) -> Path:

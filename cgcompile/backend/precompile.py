@@ -19,9 +19,13 @@ Steps of a load:
    graph, its Inductor compiles cache lookups.
 
 Calls go through `runtime.precompiled.Precompiled` (guards checked per call, a call that fits
-no example compiled just in time). Calls need no `mark_dynamic_batch`: it marks the examples.
-A model torch cannot AOT-compile (a graph break, a class defined in a function, torch < 2.10)
-is compiled just in time at its first call, with one WARNING, and nothing is saved.
+no example compiled just in time). Calls need no `mark_dynamic_batch`; the examples do, and
+where none of them carries a mark, `precompile` marks dim 0 of their batch tensors (those whose
+dim 0 differs between examples, else those whose dim 0 is the first tensor's) on aliases of
+them. The backend compiles with inference mode off, as Dynamo does, so `torch.inference_mode()`
+serves as `torch.no_grad()` does. A model torch cannot AOT-compile (a graph break, a class
+defined in a function, torch < 2.10) is compiled just in time at its first call, with one
+WARNING, and nothing is saved.
 
     step = cgcompile.precompile(model, [(tokens8, pos8), (tokens1, pos1)], "llama.cgaot")
     logits = step(tokens, positions)
@@ -29,15 +33,12 @@ is compiled just in time at its first call, with one WARNING, and nothing is sav
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import inspect
 import io
 import json
 import logging
 import os
 import pickle
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -47,9 +48,10 @@ from typing import Any
 import torch
 
 from cgcompile import torch_features
-from cgcompile.backend.compile_cache import process_header
+from cgcompile.backend.compile_cache import header_differences, precompile_header, source_checksum
 from cgcompile.backend.saved_graph import saving_backend
 from cgcompile.config import CompilationConfig
+from cgcompile.dynamic import mark_dynamic_batch
 from cgcompile.errors import CGCompileError, ConfigError, ConfigTypeError
 from cgcompile.options import TORCH_COMPILE_KEYS
 from cgcompile.runtime.precompiled import Precompiled
@@ -67,14 +69,15 @@ def precompile(
 ) -> Precompiled:
     """Load `model`'s compiled functions from `path` if the file fits, else compile one per
     example call (a tuple of positional arguments, batch dims marked with
-    `mark_dynamic_batch`) and save them there. Call it as you call the model (under
-    `torch.no_grad()` for inference). See the module doc."""
+    `mark_dynamic_batch`, or none marked: dim 0 of the batch tensors is) and save them there.
+    Call it as you call the model (under `torch.no_grad()` or `torch.inference_mode()` for
+    inference). See the module doc."""
     options = _check(model, examples, path, options)
     start = time.perf_counter()
     target = Path(path)
     if not torch_features.AOT_COMPILE.available:
         return _just_in_time(model, options, torch_features.AOT_COMPILE.why_missing())
-    examples = _dynamic_first(examples)
+    examples = _dynamic_first(_marked(examples))
     functions, why = _load(target, options, examples)
     if functions is not None:
         seconds = time.perf_counter() - start
@@ -88,7 +91,8 @@ def precompile(
         logger.debug("AOT compile of %s failed", _name(model), exc_info=True)
         first_line = (str(exc).splitlines() or [""])[0]
         why = f"torch's AOT compile failed with {type(exc).__name__}: {first_line}"
-        return _just_in_time(model, options, why)
+        fix = "; save_compile_cache after the first calls still speeds up a restart"
+        return _just_in_time(model, options, why, fix)
     seconds = time.perf_counter() - start
     logger.info("%s precompiled in %.2fs", _name(model), seconds)
     return Precompiled(model, options, functions, False, why, seconds)
@@ -118,69 +122,72 @@ def _check(model: Any, examples: Any, path: Any, options: dict[str, Any] | None)
     return options
 
 
+def _marked(examples: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The examples as given if one of their tensors carries a mark (the caller chose); else
+    with their batch tensors (`_batch_positions`) replaced by aliases (same storage) that
+    `mark_dynamic_batch` marks at dim 0, so the caller's tensors stay unmarked."""
+    if any(_has_marks(a) for example in examples for a in example):
+        return list(examples)
+    positions = _batch_positions(examples)
+    if not positions:  # no tensor with a dim 0 in every example
+        return list(examples)
+    marked = []
+    for example in examples:
+        aliases = tuple(_alias(a) if i in positions else a for i, a in enumerate(example))
+        mark_dynamic_batch(*(aliases[i] for i in positions))
+        marked.append(aliases)
+    logger.info("precompile: no example was marked: dim 0 of arguments %s marked", positions)
+    return marked
+
+
+def _has_marks(value: Any) -> bool:
+    """A tensor marked by `mark_dynamic_batch`, torch's `mark_dynamic` or `mark_static`."""
+    names = vars(value) if isinstance(value, torch.Tensor) else ()
+    return any(n.startswith("_dynamo_") and n.endswith("_indices") for n in names)
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    alias = t.detach()
+    return alias.requires_grad_() if t.requires_grad else alias
+
+
+def _batch_positions(examples: Sequence[tuple[Any, ...]]) -> list[int]:
+    """The positions of the arguments whose dim 0 is the batch: the tensors whose dim 0
+    differs between examples, or, where none does, those whose dim 0 is the first tensor's."""
+    tensors = [
+        i
+        for i in range(min(len(e) for e in examples))
+        if all(isinstance(e[i], torch.Tensor) and e[i].dim() > 0 for e in examples)
+    ]
+    varying = [i for i in tensors if len({e[i].shape[0] for e in examples}) > 1]
+    if not varying:
+        first = examples[0][tensors[0]].shape[0] if tensors else None
+        return [i for i in tensors if examples[0][i].shape[0] == first]
+    for example in examples:
+        if len({example[i].shape[0] for i in varying}) > 1:
+            raise ConfigError(
+                f"precompile marks the batch of unmarked examples, dim 0 of the tensors whose "
+                f"dim 0 differs between examples (arguments {varying}), but they disagree "
+                f"within one example: shapes {[tuple(example[i].shape) for i in varying]}; "
+                f"mark each example's batch tensors yourself with "
+                f"cgcompile.mark_dynamic_batch(tokens, positions)"
+            )
+    return varying
+
+
 def _dynamic_first(examples: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """Examples with a dynamic batch before the others: a batch-1 graph is then served by the
     dynamic graph's compile, here and after a load."""
 
-    def is_static(example: tuple[Any, ...]) -> bool:
-        return not any(hasattr(a, "_dynamo_dynamic_indices") for a in example)
+    def is_static(example: tuple[Any, ...]) -> bool:  # a marked size 1 is specialised
+        tensors = [a for a in example if isinstance(a, torch.Tensor)]
+        return not any(
+            getattr(t, "_dynamo_unbacked_indices", None)
+            or any(t.shape[d] != 1 for d in getattr(t, "_dynamo_dynamic_indices", ()))
+            for t in tensors
+        )
 
     return sorted(examples, key=is_static)
-
-
-def _header(
-    options: dict[str, Any], examples: list[tuple[Any, ...]], sources: dict[str, str]
-) -> dict[str, Any]:
-    config = repr(CompilationConfig.from_options(options))
-    return {
-        **process_header(),
-        "options": _digest(config),
-        "examples": _digest(repr([_describe(e) for e in examples] + [torch.is_grad_enabled()])),
-        "sources": sources,
-    }
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _describe(example: tuple[Any, ...]) -> list[Any]:
-    """What the example calls' guards depend on: each tensor's dtype, device, grad flag and
-    shape (marked dims as -1); other arguments' values."""
-    described: list[Any] = []
-    for a in example:
-        if isinstance(a, torch.Tensor):
-            dynamic = getattr(a, "_dynamo_dynamic_indices", set())
-            shape = [-1 if d in dynamic else n for d, n in enumerate(a.shape)]
-            described.append((str(a.dtype), a.device.type, a.requires_grad, shape))
-        else:
-            described.append(repr(a))
-    return described
-
-
-def _source_checksum(module_name: str) -> str | None:
-    try:
-        module = sys.modules.get(module_name) or importlib.import_module(module_name)
-        source = inspect.getsource(module)
-    except (ImportError, OSError, TypeError):
-        return None
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
-
-
-def _differences(
-    saved: dict[str, Any], options: dict[str, Any], examples: list[tuple[Any, ...]]
-) -> list[str]:
-    """How the saving process differs from this one (empty: the file fits)."""
-    ours = _header(options, examples, {})
-    differ = [
-        f"{k} {saved.get(k)!r} (here {v!r})"
-        for k, v in ours.items()
-        if k != "sources" and saved.get(k) != v
-    ]
-    for module, checksum in saved.get("sources", {}).items():
-        if _source_checksum(module) != checksum:
-            differ.append(f"the source of {module} changed")
-    return differ
 
 
 def _load(
@@ -197,7 +204,7 @@ def _load(
         header = None
     if not isinstance(header, dict):
         return _refuse(target, "it is not a precompiled cgcompile model")
-    differ = _differences(header, options, examples)
+    differ = header_differences(header, options, examples)
     if differ:
         return _refuse(target, "it was saved with " + "; ".join(differ))
     try:
@@ -237,9 +244,9 @@ def _compile_and_save(
     for fn in functions:
         info = fn.source_info() if hasattr(fn, "source_info") else None
         sources |= {s.module for s in getattr(info, "inlined_sources", ())}
-    checksums = {m: c for m in sorted(sources) if (c := _source_checksum(m)) is not None}
+    checksums = {m: c for m in sorted(sources) if (c := source_checksum(m)) is not None}
     try:
-        _save(target, functions, _header(options, examples, checksums))
+        _save(target, functions, precompile_header(options, examples, checksums))
     except (OSError, pickle.PicklingError, AttributeError, TypeError, RuntimeError) as exc:
         # what pickling raises for what it cannot save (a class defined in a function: torch's
         # guards name the model's class), besides the file system's errors
@@ -271,11 +278,14 @@ def _serialize(fn: Any) -> bytes:
         return file.read_bytes()
 
 
-def _just_in_time(model: Callable[..., Any], options: dict[str, Any], why: str) -> Precompiled:
+def _just_in_time(
+    model: Callable[..., Any], options: dict[str, Any], why: str, fix: str = ""
+) -> Precompiled:
     """The model compiled just in time at its first call, nothing saved: what torch cannot
-    AOT-compile. The examples are not run (a call may write the model's state)."""
+    AOT-compile (`fix`: what helps instead). The examples are not run (a call may write the
+    model's state)."""
     logger.warning(
-        "%s is not precompiled (%s): compiled just in time, not saved", _name(model), why
+        "%s is not precompiled (%s): compiled just in time, not saved%s", _name(model), why, fix
     )
     compiled = Precompiled(model, options, [], False, why, 0.0)
     compiled._compile_just_in_time()

@@ -5,7 +5,7 @@ eager's logits and caches, and `capture_all()` leaves nothing to capture; a file
 other options or other model code is refused with one warning and compiled again; misuse is
 told apart. A decode step shaped like a user's Llama (KV cache written at index rows, a masked
 SDPA over a slice bounded by the batch size, bf16) saves and loads under `no_grad` and
-`inference_mode`."""
+`inference_mode`; examples without marks get their batch marked."""
 
 from __future__ import annotations
 
@@ -270,6 +270,17 @@ def test_a_decode_step_writing_kv_rows_with_a_masked_sdpa_saves_and_loads(tmp_pa
         assert result["max_error"] == 0 and result["cache_error"] == 0  # compiler eager: exact
 
 
+@needs_aot
+def test_unmarked_examples_are_marked_on_aliases_and_serve_every_batch_size(tmp_path):
+    path = tmp_path / "rows.cgaot"
+    saved = run_rows(path, "--unmarked")
+    loaded = run_rows(path, "--unmarked")
+    assert loaded["loaded"] is True and loaded["dynamo_traces_after_calls"] == 0  # 1 to 16 rows
+    for result in (saved, loaded):
+        assert not_served(result) == [] and result["max_error"] == 0
+        assert result["marks_left"] == []  # the caller's tensors stay unmarked
+
+
 class SlicedCache(nn.Module):
     """Reads `cache[:B]`: Dynamo's graph holds a slice bounded by the batch size's node."""
 
@@ -302,3 +313,38 @@ def test_a_slice_bounded_by_the_batch_size_saves_with_a_pickler_that_maps_no_sli
             assert torch.allclose(loaded(y), model(y))
     assert len(saved.functions) == 1 and loaded.loaded is True
     assert "not precompiled" not in caplog.text and "fits none" not in caplog.text
+
+
+class Project(nn.Module):
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ w)
+
+
+@needs_aot
+def test_only_tensors_whose_dim_0_differs_between_unmarked_examples_are_marked(tmp_path, caplog):
+    w = torch.randn(16, 16)  # dim 0 is not the batch: marked, x @ w would fail to trace
+    examples = [(torch.randn(4, 16), w), (torch.randn(1, 16), w)]
+    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
+        step = cgcompile.precompile(Project(), examples, tmp_path / "p.cgaot", OPTIONS)
+        for n in (3, 8, 1):
+            x = torch.randn(n, 16)
+            assert torch.allclose(step(x, w), torch.relu(x @ w), atol=1e-5)
+    assert len(step.functions) == 2
+    assert "not precompiled" not in caplog.text and "fits none" not in caplog.text
+    with pytest.raises(cgcompile.ConfigError, match="mark_dynamic_batch"):  # whose batch?
+        cgcompile.precompile(Project(), [(w, torch.randn(4, 16)), (w[:2], w[:1])], "f", OPTIONS)
+
+
+@needs_aot
+def test_a_file_saved_under_no_grad_is_refused_once_under_inference_mode(tmp_path, caplog):
+    """Inference tensors (made under `inference_mode`) fail no_grad examples' guards."""
+    model, path = MLP().eval(), tmp_path / "mlp.cgaot"
+    with torch.no_grad():
+        cgcompile.precompile(model, [(torch.randn(4, 16),)], path, OPTIONS)
+    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.inference_mode():
+        again = cgcompile.precompile(model, [(torch.randn(4, 16),)], path, OPTIONS)
+        last = cgcompile.precompile(model, [(torch.randn(4, 16),)], path, OPTIONS)
+        x = torch.randn(3, 16)
+        assert torch.allclose(last(x), model(x))
+    assert again.loaded is False and "examples" in again.why_compiled and last.loaded is True
+    assert caplog.text.count("not loaded") == 1 and "fits none" not in caplog.text
