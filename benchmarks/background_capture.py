@@ -79,12 +79,15 @@ def main() -> int:
         started = time.perf_counter()
         job = cgcompile.capture_all(background=True)
         result["start_returned_ms"] = (time.perf_counter() - started) * 1e3
-        during = []
+        during, log = [], []
         for call in calls:
             if job.done:
                 break
+            keys = job.keys_done
             during.append(timed(compiled, call))
+            log.append((round(during[-1], 3), call[0].shape[0], call[2], keys))
         job.wait()
+        result["slowest_during"] = sorted(log, reverse=True)[:8]  # (ms, n, decode, keys done)
         after = [timed(compiled, call) for call in calls[: len(during)]]
         result |= {
             "capture_s": job.seconds,

@@ -107,6 +107,9 @@ class BackgroundCapture:
         try:
             grad_off = torch.inference_mode() if self._inference else torch.no_grad()
             with grad_off, _on_stream(self._stream):
+                runtimes = {id(g.runtime): g.runtime for g, _ in self._plans if g.runtime}
+                for runtime in runtimes.values():
+                    runtime.prepare_thread()
                 for graph, todo in self._plans:
                     for item in todo:
                         bulk_capture.capture_key(graph, *item, turn=self._turns)

@@ -28,6 +28,7 @@ allocator cache on every capture, which is slow with one capture per piece and s
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import types
@@ -99,6 +100,21 @@ class CUDAGraphRuntime:
     def borrow(self, tensors: Iterable[torch.Tensor]) -> None:
         """Nothing to do: a CUDA graph keeps addresses, never its input tensors."""
 
+    def prepare_thread(self) -> None:
+        """Create this thread's cuBLAS, cuBLASLt and cuDNN handles (torch keeps them per
+        thread; creating one inside a capture fails with CUBLAS_STATUS_NOT_INITIALIZED) by small
+        matmuls and an attention call on the capture stream and the current one."""
+        for stream in (self.stream, torch.cuda.current_stream(self.device)):
+            with torch.cuda.stream(stream), torch.no_grad():
+                for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                    a = torch.ones(64, 64, device=self.device, dtype=dtype)
+                    torch.addmm(a, a, a)  # cuBLASLt for half types
+                    torch.mm(a, a)
+                    q = a.view(1, 1, 64, 64)
+                    with contextlib.suppress(RuntimeError):  # no backend for this dtype
+                        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
     def capture(
         self,
         fn: Callable[..., Any],
@@ -156,7 +172,7 @@ class CUDAGraphRuntime:
                     # drop the strong refs inside the capture so the blocks return to the pool
                     output = weak_ref_tensors(output)
             except BaseException as exc:
-                _end_failed_capture(graph)
+                _end_failed_capture(graph, self.device, pool)
                 if not isinstance(exc, Exception):
                     raise
                 raise CaptureError(_capture_failure(fn, exc)) from exc
@@ -207,13 +223,18 @@ def _weak_alias(t: torch.Tensor) -> torch.Tensor:
     return torch._C._construct_CUDA_Tensor_From_Storage_And_Metadata(metadata, alias)
 
 
-def _end_failed_capture(graph: torch.cuda.CUDAGraph) -> None:
-    """End a capture whose callable raised, so the stream leaves capture mode."""
+def _end_failed_capture(graph: torch.cuda.CUDAGraph, device: torch.device, pool: Any) -> None:
+    """End a capture whose callable raised, so the stream leaves capture mode and the allocator
+    stops routing allocations to the pool (or the pool's next capture fails with "already
+    recording to mempool_id")."""
     try:
         graph.capture_end()
     except RuntimeError as exc:
-        # an invalidated capture cannot end cleanly; leaving capture mode is all we need
+        # an invalidated capture cannot end cleanly: torch then skipped ending its allocations
+        # to the pool, which is left to do here
         logger.debug("ending a failed capture raised %s", exc)
+        with contextlib.suppress(RuntimeError):  # "not currently recording": it had ended
+            torch._C._cuda_endAllocateToPool(device.index, pool)
 
 
 def _capture_failure(fn: Callable[..., Any], exc: BaseException) -> str:

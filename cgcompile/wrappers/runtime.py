@@ -66,6 +66,11 @@ class GraphRuntime(Protocol):
         """Device memory this runtime's captures took (0 where nothing is measured)."""
         ...
 
+    def prepare_thread(self) -> None:
+        """Make the calling thread able to capture: what a capture cannot create itself (CUDA
+        libraries' per-thread handles) is created here, outside any capture."""
+        ...
+
     def borrow(self, tensors: Iterable[torch.Tensor]) -> None:
         """Tensors owned elsewhere (a model's parameters and buffers): graphs captured on them
         must not keep them alive, so a deleted model frees them."""

@@ -127,6 +127,9 @@ class SimulatedGraphRuntime:
         """Always 0: simulated graphs own no device memory beyond their output tensors."""
         return 0
 
+    def prepare_thread(self) -> None:
+        """Nothing: a simulated capture runs on the CPU."""
+
 
 def _is_in(arg: Any, borrowed: Any) -> bool:
     return isinstance(arg, torch.Tensor) and borrowed.get(id(arg)) is arg
