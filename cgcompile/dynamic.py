@@ -45,6 +45,13 @@ BATCH_DIM_ATTRIBUTE = "_cgcompile_batch_dim"
 """The tensor attribute that records a `dim` other than 0; graph modes reject it."""
 
 
+def is_marked_batch(value: Any) -> bool:
+    """Whether dim 0 of `value` was marked dynamic, by `mark_dynamic_batch` or by torch's
+    `mark_dynamic` / `mark_unbacked` (the sets torch keeps on the tensor)."""
+    marks = ("_dynamo_dynamic_indices", "_dynamo_unbacked_indices")
+    return any(0 in getattr(value, name, ()) for name in marks)
+
+
 def mark_dynamic_batch(
     *tensors: torch.Tensor,
     dim: int = 0,

@@ -12,6 +12,7 @@ strings are case-insensitive, lists of sizes become sorted tuples. Wrong types r
 
 from __future__ import annotations
 
+import difflib
 import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,8 +57,29 @@ def as_options_dict(options: Any, valid: Sequence[str]) -> dict[str, Any]:
         )
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise ConfigError(f"unknown option(s) {unknown}; valid options: {list(valid)}")
+        # the key and its fix first: torch shows this line right under its own
+        # "backend='cudagraph_modes' raised:", after Dynamo's traceback
+        raise ConfigError(
+            f"unknown option(s) {unknown}{_did_you_mean(unknown, valid)} "
+            f"Valid options: {list(valid)}"
+        )
     return dict(options)
+
+
+def _did_you_mean(unknown: Sequence[str], valid: Sequence[str]) -> str:
+    """`: did you mean 'x'?` for the valid names closest to the unknown ones (any case, or a
+    valid name ending in the key: `mode` -> `cudagraph_mode`), else `.`."""
+    guesses = {}
+    for key in unknown:
+        ends = [name for name in valid if name.endswith("_" + key.lower())]
+        close = difflib.get_close_matches(key.lower(), valid, n=1) or ends[:1]
+        if close:
+            guesses[key] = close[0]
+    if not guesses:
+        return "."
+    if len(unknown) == 1:
+        return f": did you mean {next(iter(guesses.values()))!r}?"
+    return ": did you mean " + ", ".join(f"{v!r} for {k!r}" for k, v in guesses.items()) + "?"
 
 
 def as_index(value: Any) -> int | None:

@@ -5,8 +5,9 @@ specialises 1). With `batch_one="padded"` (the default), the backend compiles th
 when the second arrives, compares it with each live dynamic graph of the same options
 (`passes.batch_one`); on a match it hands Dynamo a `PaddedBatchOne` instead of compiling:
 batch-1 calls replay the dynamic graph's graphs of 2 rows. The dynamic graph must pad freely
-(`plan.pad_unsafe` is None) and use graphs; otherwise, or on a mismatch, or with
-`batch_one="own"`, the batch-1 graph compiles on its own as any graph does (the log says why).
+(`plan.pad_unsafe` is None) and use graphs; otherwise, or on a mismatch, or when batch 1 came
+first (no dynamic graph yet), or with `batch_one="own"`, the batch-1 graph compiles on its own
+as any graph does (the log and the report say why).
 
     served, why_not = serve_batch_one(gm, example_inputs, config)  # None: compile gm
     remember_dynamic(compiled, gm, config)                  # after compiling a dynamic graph
@@ -24,6 +25,7 @@ from torch import fx
 
 from cgcompile.config import CompilationConfig
 from cgcompile.counters import counters
+from cgcompile.dynamic import is_marked_batch
 from cgcompile.errors import CGCompileError
 from cgcompile.passes.batch_one import match_batch_one
 from cgcompile.passes.split import generated_forward
@@ -84,21 +86,36 @@ def serve_batch_one(
     """(a server for `gm`, None) if it is a batch-1 graph some live dynamic graph computes at
     batch 1; else (None, why not) for a batch-1 graph a dynamic graph could have served, or
     (None, None)."""
-    if config.batch_one != "padded" or not _dynamic:
+    if config.batch_one != "padded":
         return None, None
     plan = InputPlan.from_graph(gm, example_inputs)
     if plan.static_batch != 1:
         return None, None
+    candidates = _candidates(plan, config)
+    if not candidates:
+        return None, _came_first(example_inputs)
     mismatches = []
-    for graph, dynamic_gm in _candidates(plan, config):
+    for graph, dynamic_gm in candidates:
         match = match_batch_one(dynamic_gm, gm, graph.plan.batch_exprs)
         if match.mismatch is None:
             return _serve(graph, match.size_positions, gm), None
         mismatches.append(f"not graph {graph.report_id} at batch 1: {match.mismatch}")
-    why = "; ".join(mismatches) or None
-    if why:
-        logger.info("Dynamo's batch-1 graph compiles on its own: it is %s", why)
+    why = "; ".join(mismatches)
+    logger.info("Dynamo's batch-1 graph compiles on its own: it is %s", why)
     return None, why
+
+
+def _came_first(example_inputs: Sequence[Any]) -> str | None:
+    """Why a batch-1 graph of a marked batch found no dynamic graph to serve it: it came first.
+    None for a graph whose inputs were never marked (a static batch of 1, not Dynamo's)."""
+    if not any(is_marked_batch(value) for value in example_inputs):
+        return None
+    why = (
+        "it came first, before any graph of a dynamic batch with the same options; a first "
+        "call of 2 or more rows lets batch 1 share that graph's compile"
+    )
+    logger.info("Dynamo's batch-1 graph compiles on its own: %s", why)
+    return why
 
 
 def code_digest(gm: fx.GraphModule) -> str:

@@ -41,7 +41,12 @@ from cgcompile.backend.partition import (
     compile_partitioned,
     unavailable_reason,
 )
-from cgcompile.backend.preconditions import check_batch_dims, needs_autograd, unsplit_attention_of
+from cgcompile.backend.preconditions import (
+    check_batch_dims,
+    needs_autograd,
+    note_unmarked_recompile,
+    unsplit_attention_of,
+)
 from cgcompile.backend.wrapping import full_wrapper, piecewise_factory
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.counters import counters
@@ -76,6 +81,7 @@ def compile_graph(
     _warn_unknown_ops(graph_id, config, targets)
     runtime_kind, device = _choose_runtime(config, example_inputs)
     plan, analyses = _plan(graph_id, gm, example_inputs, config, runtime_kind, support, analyses)
+    note_unmarked_recompile(graph_id, gm, example_inputs, plan)
     resolution = resolve_cudagraph_mode(
         config.cudagraph_mode,
         support,

@@ -1,7 +1,8 @@
 """Facts about a Dynamo graph that decide which CUDA graphs it may have, checked once when it
 compiles: whether padding a batch could change what the caller sees (`passes.pad_safety`),
 whether its outputs need autograd, which attention ops no splitting op splits, and whether a
-batch was marked outside dim 0 (refused in graph modes).
+batch was marked outside dim 0 (refused in graph modes); and, for the user, whether Dynamo
+compiled the graph again for a batch that was never marked.
 
     check = pad_check(gm, plan)   # find_effects(gm, example_inputs, check.watch); check.verdict()
     needs_autograd(gm), unsplit_attention_of(config, matcher, targets)
@@ -9,6 +10,7 @@ batch was marked outside dim 0 (refused in graph modes).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,11 +19,13 @@ from torch import fx
 
 from cgcompile.attention import attention_support_of, unsplit_attention
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
-from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE
+from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE, is_marked_batch
 from cgcompile.errors import ConfigError
 from cgcompile.passes.op_match import OpMatcher
 from cgcompile.passes.pad_safety import PadCheck
 from cgcompile.runtime.inputs import InputPlan
+
+logger = logging.getLogger(__name__)
 
 
 def pad_check(gm: fx.GraphModule, plan: InputPlan) -> PadCheck:
@@ -64,3 +68,26 @@ def check_batch_dims(example_inputs: Sequence[Any], plan: InputPlan, mode: CUDAG
                 f"move the batch to dim 0 (e.g. x.transpose(0, {dim})) and mark dim 0, or use "
                 f"cudagraph_mode='NONE'"
             )
+
+
+def note_unmarked_recompile(
+    graph_id: int, gm: fx.GraphModule, example_inputs: Sequence[Any], plan: InputPlan
+) -> None:
+    """One INFO line for a graph whose batch Dynamo made dynamic itself: a recompile of the same
+    code (its compile id `F/k`, k > 0) with a dynamic dim 0 that no one marked, which is what
+    Dynamo does when an unmarked input changes size. The first graph, of one size, stays."""
+    compile_id = gm.meta.get("dynamo_compile_id")
+    if not plan.batch_exprs or getattr(compile_id, "frame_compile_id", None) in (None, 0):
+        return
+    if any(is_marked_batch(example_inputs[i]) for i in plan.batch_tensors):
+        return
+    names = ", ".join(plan.names[i] for i in plan.batch_tensors)
+    logger.info(
+        "graph %d: Dynamo compiled this code again (compile %s) because dim 0 of %s changed "
+        "size, which was never marked: the first call's graph, of one size, stays beside this "
+        "one. Call cgcompile.mark_dynamic_batch(...) on the batch inputs before the first call, "
+        "so one graph serves every size",
+        graph_id,
+        compile_id,
+        names,
+    )

@@ -109,6 +109,14 @@ def _variants(log: FallbackLog, n: int | None) -> str:
     )
 
 
+def _large(log: FallbackLog, n: int | None) -> str:
+    largest = log.dispatcher.max_capture_size
+    return (
+        f"{n} tokens exceed the largest capture size {largest}; raise the option "
+        f"max_cudagraph_capture_size to give such batches graphs"
+    )
+
+
 def _thread(log: FallbackLog, n: int | None) -> str:
     return (
         f"a call from a thread other than {log.owner.name!r}, which owns this graph's CUDA "
@@ -125,8 +133,6 @@ _MESSAGES: dict[str, Callable[[FallbackLog, int | None], str]] = {
     "thread": _thread,
     "variants": _variants,
     "shape": lambda log, n: "the batch tensors disagree on dim 0, or there are none",
-    "large": lambda log, n: (
-        f"{n} tokens exceed the largest capture size {log.dispatcher.max_capture_size}"
-    ),
+    "large": _large,
     "key": lambda log, n: f"no graph serves {n} tokens with the current batch_hint",
 }
