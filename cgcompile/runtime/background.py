@@ -86,6 +86,7 @@ class BackgroundCapture:
 
     @property
     def done(self) -> bool:
+        """Whether the thread has finished: every key captured, or it failed (`wait` says)."""
         return not self._thread.is_alive()
 
     def wait(self, timeout: float | None = None) -> int:
