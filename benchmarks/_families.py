@@ -51,14 +51,17 @@ class Family:
     inputs: Callable[[int], Inputs]
     """inputs(n): fresh random (args, kwargs) of a decode step of n rows."""
     hint: bool = True
-    """Whether a call says `batch_hint(uniform_decode=True)` (HF's steps are recognised from
+    """Whether a call says `batch_hint(uniform_decode=...)` (HF's steps are recognised from
     `input_ids [B, 1]`, as its users call them)."""
+    sizes: tuple[int, ...] | None = None
+    """The batch sizes calls may use; None: any of 1..512 (HF: a static cache per size)."""
 
-    def run(self, fn: Any, inputs: Inputs) -> Any:
+    def run(self, fn: Any, inputs: Inputs, decode: bool = True) -> Any:
+        """A call of `fn` on `inputs`: a decode step, or a mixed batch (`decode=False`)."""
         args, kwargs = inputs
         if not self.hint:
             return fn(*args, **kwargs)
-        with cgcompile.batch_hint(uniform_decode=True):
+        with cgcompile.batch_hint(uniform_decode=decode):
             return fn(*args, **kwargs)
 
 
@@ -124,4 +127,4 @@ def _hf(name: str, device: str, dtype: torch.dtype, quick: bool) -> Family:
         }
         return (), kwargs
 
-    return Family(name, model, inputs, hint=False)
+    return Family(name, model, inputs, hint=False, sizes=(1, 2, 4, 8))

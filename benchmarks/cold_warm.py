@@ -29,6 +29,7 @@ benchmark's own inputs included).
     python benchmarks/cold_warm.py --out DIR [--soak 2000]
     python benchmarks/cold_warm.py --out DIR --phases cold --no-cudnn-sdp   # one phase, no cuDNN
     python benchmarks/cold_warm.py --out DIR --quick      # tiny model on CPU, simulated graphs
+    python benchmarks/cold_warm.py --out DIR --family rows   # another model family (_families)
     python benchmarks/cold_warm.py --out DIR --phases cold --profile-first DIR  # pstats files
     python benchmarks/cold_warm.py --out DIR --turns TORCHINDUCTOR_COMPILE_THREADS=1 --soak 0  # A/B
 """
@@ -57,8 +58,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cgcompile  # noqa: E402
+from benchmarks._families import NAMES, Family, build  # noqa: E402
 from benchmarks._timing import sync, timed_call  # noqa: E402
-from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
 
 PHASES = ("cold", "warm-local", "warm-file", "largest")
 AOT_PHASES = ("aot-cold", "aot-warm-local", "aot-warm-file")
@@ -77,24 +78,20 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
         torch.backends.cuda.enable_cudnn_sdp(False)
     if args.load:
         result["load_s"] = timed_call(lambda: cgcompile.load_compile_cache(args.load), device)[1]
-    cfg = LlamaConfig(num_layers=2, cache_len=600) if args.quick else LlamaConfig.bench()
     torch.manual_seed(0)
-    model = Llama(cfg).to(device, dtype).eval()
+    family = build(args.family, device.type, dtype, args.quick)
+    model = family.model
     options: dict[str, Any] = {"graph_runtime": "simulated"} if args.quick else {}
     options |= json.loads(args.options)
     compiled: Any = torch.compile(model, backend="cudagraph_modes", options=options)
 
     def call(n: int, decode: bool) -> Any:
-        tokens, positions = make_inputs(cfg, n, device)
-        if not args.precompile:  # a precompiled model's calls need no marks
-            mark_batch(cfg, tokens, positions, hint=512)
-        with cgcompile.batch_hint(uniform_decode=decode):
-            return compiled(tokens, positions)
+        return family.run(compiled, family.inputs(n), decode)
 
     with torch.no_grad():
         if args.precompile:
             compiled, result["precompile_s"] = timed_call(
-                lambda: _precompile(model, cfg, device, args.precompile, options), device
+                lambda: _precompile(family, args.precompile, options), device
             )
             result["precompile_loaded"] = compiled.loaded
         profiler = cProfile.Profile() if args.profile_first else None
@@ -117,24 +114,21 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
             result["reserved_growth_mib"] = (torch.cuda.memory_reserved() - reserved) / 2**20
         result["reports"] = [g.format_report().splitlines()[2].strip() for g in graphs]
         result["compile_phases"] = _compile_phases()
-        result["step_ms"] = {n: _step_ms(call, n, device) for n in STEP_SIZES}
-        result.update(_soak(call, args.soak, device))
+        sizes = family.sizes or STEP_SIZES
+        result["step_ms"] = {n: _step_ms(call, n, device) for n in STEP_SIZES if n in sizes}
+        result.update(_soak(call, args.soak, device, family.sizes))
         result["dynamo_traces"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     if args.save and options.get("compiler", "inductor") == "inductor":  # eager: nothing to save
         cgcompile.save_compile_cache(args.save)
     return result
 
 
-def _precompile(
-    model: Any, cfg: LlamaConfig, device: torch.device, path: str, options: dict[str, Any]
-) -> cgcompile.Precompiled:
-    """`cgcompile.precompile` for a mixed batch of 8 tokens (dynamic, hint 512) and 1 token."""
-    examples = []
-    for n in (8, 1):
-        tokens, positions = make_inputs(cfg, n, device)
-        mark_batch(cfg, tokens, positions, hint=512)
-        examples.append((tokens, positions))
-    return cgcompile.precompile(model, examples, path, options)
+def _precompile(family: Family, path: str, options: dict[str, Any]) -> Any:
+    """`cgcompile.precompile` for a batch of 8 (dynamic, hint 512) and a batch of 1."""
+    examples = [family.inputs(n) for n in (8, 1)]
+    if any(kwargs for _, kwargs in examples):  # precompile takes positional examples
+        raise SystemExit(f"precompile takes positional examples; {family.name} calls with kwargs")
+    return cgcompile.precompile(family.model, [args for args, _ in examples], path, options)
 
 
 def _largest_keys(call: Any, device: torch.device) -> dict[str, Any]:
@@ -184,15 +178,18 @@ def _step_ms(call: Any, n: int, device: torch.device) -> float:
     return statistics.median(times)
 
 
-def _soak(call: Any, calls: int, device: torch.device) -> dict[str, Any]:
-    """`calls` calls of random sizes (1-512) and kinds: graphs captured and memory grown."""
+def _soak(
+    call: Any, calls: int, device: torch.device, sizes: tuple[int, ...] | None
+) -> dict[str, Any]:
+    """`calls` calls of random sizes (1-512, or `sizes`) and kinds: graphs captured and memory
+    grown."""
     rng = random.Random(0)
     before = cgcompile.counters.num_cudagraph_captured
     cuda = device.type == "cuda"
     reserved = torch.cuda.memory_reserved() if cuda else 0
     graph_memory = _graph_memory_mib()
     for _ in range(calls):
-        call(rng.randint(1, 512), rng.random() < 0.5)
+        call(rng.choice(sizes) if sizes else rng.randint(1, 512), rng.random() < 0.5)
     sync(device)
     grown = (torch.cuda.memory_reserved() - reserved) / 2**20 if cuda else 0.0
     captured = cgcompile.counters.num_cudagraph_captured - before
@@ -229,6 +226,7 @@ def main() -> None:
         "--no-cudnn-sdp", action="store_true", help="torch.backends.cuda.enable_cudnn_sdp(False)"
     )
     parser.add_argument("--options", default="{}", help="extra cgcompile options, as JSON")
+    parser.add_argument("--family", choices=NAMES, default="llama", help="the model family")
     parser.add_argument(
         "--profile-first", metavar="DIR", help="cProfile each phase's first call into DIR"
     )
@@ -324,7 +322,7 @@ def _run(
     cmd = [sys.executable, __file__, "--phase", name, "--soak", str(args.soak), *extra]
     cmd += ["--quick"] if args.quick else []
     cmd += ["--no-cudnn-sdp"] if args.no_cudnn_sdp else []
-    cmd += ["--options", args.options]
+    cmd += ["--options", args.options, "--family", args.family]
     if args.profile_first:
         Path(args.profile_first).mkdir(parents=True, exist_ok=True)
         cmd += ["--profile-first", str(Path(args.profile_first).resolve())]
