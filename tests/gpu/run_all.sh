@@ -121,7 +121,7 @@ run coldwarm-nocudnn cold-warm-no-cudnn.log python benchmarks/cold_warm.py --out
 # not in the default stages: start-up (STAGES=startup, ~5 min): which SDPA backend each shape
 # takes and its plan cost; the step time of every size 1..512 under each capture grid; time to
 # ready with the default grid (cold, precompiled), with the old 51-size grid, with eager pieces
-case " $stages " in *" startup "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
+case " $stages " in *" startup "*|*" families "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
 run startup attention-backends.log python benchmarks/attention_backends.py --out "$out"
 run startup capture-grid.log python benchmarks/capture_grid.py --out "$out"
 run startup cold-warm-grid.log python benchmarks/cold_warm.py --out "$out/grid" --soak 200 \
@@ -136,8 +136,19 @@ run startup cold-warm-eager.log python benchmarks/cold_warm.py --out "$out/eager
 for family in llama rows hf-llama hf-qwen3; do
   run fpfull "fp-vs-full-$family.log" python benchmarks/fp_vs_full.py --out "$out" --family "$family"
 done
-# not in the default stages: calls served while capture_all(background=True) runs (~1 min)
+# not in the default stages: calls served while capture_all(background=True) runs, its GPU
+# tests first (STAGES=background, ~3 min)
+run background background-tests.log python -m pytest -q -p no:cacheprovider \
+  tests/gpu/test_background_cuda.py
 run background background-capture.log python benchmarks/background_capture.py --out "$out"
+# not in the default stages: time to ready on the other model families, the KV-rows step cold
+# and precompiled, HF Llama and Qwen3 cold (HF models cannot be precompiled) (STAGES=families)
+run families cold-warm-rows.log python benchmarks/cold_warm.py --out "$out/rows" --family rows \
+  --soak 200 --phases cold aot-cold aot-warm-local
+for family in hf-llama hf-qwen3; do
+  run families "cold-warm-$family.log" python benchmarks/cold_warm.py --out "$out/$family" \
+    --family "$family" --soak 50 --no-prime --phases cold
+done
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
 
