@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.host_per_call import host_us  # noqa: E402
-from cgcompile.runtime.outputs import Outputs  # noqa: E402
+from cgcompile.calls.outputs import Outputs  # noqa: E402
 
 
 def median_us(fn: Callable[[], Any], calls: int = 300) -> float:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cgcompile  # noqa: E402
 import cgcompile.backend.pipeline as pipeline  # noqa: E402
 from benchmarks._timing import take_arguments  # noqa: E402
-from cgcompile.forward_context import current_forward_context, set_forward_context  # noqa: E402
+from cgcompile.calls.forward_context import current_forward_context, set_forward_context  # noqa: E402
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: E402
 
 

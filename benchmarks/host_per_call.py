@@ -193,7 +193,7 @@ def _breakdown(
 ) -> dict:
     """The backend alone, its graph's bare replay, and for PIECEWISE its pieces."""
     import cgcompile
-    from cgcompile.runtime.compiled_graph import CompiledGraph
+    from cgcompile.calls.compiled_graph import CompiledGraph
 
     seen: list[tuple[Any, ...]] = []
     graphs: list[CompiledGraph] = []

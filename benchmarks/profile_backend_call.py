@@ -41,7 +41,7 @@ from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch  # noqa: 
 
 
 def one(layers: int, batch_one: str) -> None:
-    from cgcompile.runtime.compiled_graph import CompiledGraph
+    from cgcompile.calls.compiled_graph import CompiledGraph
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: a smoke test
     cfg = LlamaConfig(num_layers=layers, hidden=1024, heads=16, ffn=2816, vocab=32000)
@@ -101,7 +101,7 @@ def _against_hand(
     layers: int,
 ) -> None:
     from benchmarks._user_peers import make_peer
-    from cgcompile.wrappers.cuda import CUDAGraphRuntime
+    from cgcompile.graphs.cuda import CUDAGraphRuntime
 
     hand = make_peer("hand", model, sizes=[1], compiler="eager")
     hand.step(tokens, positions)

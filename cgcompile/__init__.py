@@ -4,21 +4,14 @@ compiled = torch.compile(model, backend="cudagraph_modes",
                          options={"cudagraph_mode": "FULL_AND_PIECEWISE"})
 """
 
-from cgcompile.attention import register_attention_op
 from cgcompile.backend import cudagraph_modes
-from cgcompile.backend.compile_cache import load_compile_cache, save_compile_cache
-from cgcompile.backend.precompile import Precompiled, precompile
-from cgcompile.config import (
-    AttentionCGSupport,
-    CompilationConfig,
-    CUDAGraphMode,
-    validate_options,
-)
-from cgcompile.counters import Counters, counters
-from cgcompile.dispatcher import CudagraphDispatcher
-from cgcompile.dynamic import mark_dynamic_batch
-from cgcompile.errors import CaptureError, CGCompileError, ConfigError, ConfigTypeError
-from cgcompile.forward_context import (
+from cgcompile.backend.attention import register_attention_op
+from cgcompile.backend.resolution import Downgrade, Resolution, Rule, resolve_cudagraph_mode
+from cgcompile.calls.background import BackgroundCapture
+from cgcompile.calls.compiled_graph import CompiledGraph, capture_all, compiled_graphs
+from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
+from cgcompile.calls.dispatcher import CudagraphDispatcher
+from cgcompile.calls.forward_context import (
     BatchDescriptor,
     ForwardContext,
     batch_hint,
@@ -26,11 +19,18 @@ from cgcompile.forward_context import (
     is_forward_context_available,
     set_forward_context,
 )
-from cgcompile.resolution import Downgrade, Resolution, Rule, resolve_cudagraph_mode
-from cgcompile.runtime import CompiledGraph, capture_all, compiled_graphs
-from cgcompile.runtime.background import BackgroundCapture
-from cgcompile.runtime.trusted import trusted
-from cgcompile.wrappers import CUDAGraphWrapper
+from cgcompile.calls.trusted import trusted
+from cgcompile.config import (
+    AttentionCGSupport,
+    CompilationConfig,
+    CUDAGraphMode,
+    validate_options,
+)
+from cgcompile.counters import Counters, counters
+from cgcompile.dynamic import mark_dynamic_batch
+from cgcompile.errors import CaptureError, CGCompileError, ConfigError, ConfigTypeError
+from cgcompile.restart.compile_cache import load_compile_cache, save_compile_cache
+from cgcompile.restart.precompile import Precompiled, precompile
 
 __all__ = [
     "AttentionCGSupport",

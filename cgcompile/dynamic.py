@@ -3,12 +3,12 @@
 By default the batch dim is marked dynamic with a backed size (`mark_dynamic`): Dynamo traces
 batches >= 2 once and batch 1 once more (it specialises size 1); Inductor compiles the first
 with the size's example value as a hint, and the second is served by that compile, padded to 2
-rows, where the two graphs match (`batch_one`, `backend/batch_one.py`). `unbacked=True` marks it
-unbacked instead (with one `shape_id` shared by the inputs; torch >= 2.11, older torch logs a
-warning once and marks the batch backed), so every size including 1 shares ONE trace, at a
-cost: Inductor's code for an unbacked batch runs more kernels and more GPU time than the
-backed or static code, which match each other (docs/BENCHMARKS.md, "Which batch marking?").
-An unbacked size also has no example value, so code that asks `n == 1` while tracing cannot
+rows, where the two graphs match (`batch_one`, `backend/batch_one_sharing.py`). `unbacked=True`
+marks it unbacked instead (with one `shape_id` shared by the inputs; torch >= 2.11, older torch
+logs a warning once and marks the batch backed), so every size including 1 shares ONE trace, at
+a cost: Inductor's code for an unbacked batch runs more kernels and more GPU time than the
+backed or static code, which match each other (docs/BENCHMARKS.md, "Which batch marking?"). An
+unbacked size also has no example value, so code that asks `n == 1` while tracing cannot
 be traced: on torch 2.11 with CUDA, SDPA's cuDNN eligibility check does that and Dynamo breaks
 the graph at every attention call unless that kernel is disabled
 (`torch.backends.cuda.enable_cudnn_sdp(False)`).

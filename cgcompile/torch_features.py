@@ -33,13 +33,13 @@ class TorchFeature:
     """The first torch release that has it: `2.11`."""
     available: bool
     """Whether the installed torch has it."""
-    fallback: str
+    instead: str
     """What cgcompile does instead on an older torch, as a clause: `the batch is marked ...`."""
 
     def why_missing(self) -> str:
         return (
             f"{self.name} needs torch >= {self.needs}; torch {torch.__version__} lacks it, "
-            f"so {self.fallback}"
+            f"so {self.instead}"
         )
 
 
@@ -49,7 +49,7 @@ SHARED_UNBACKED_BATCH = TorchFeature(
     # own, and ops joining them (tokens with positions) could not be traced
     needs="2.11",
     available="shape_id" in inspect.signature(mark_unbacked).parameters,
-    fallback="the batch is marked dynamic and backed: batch 1 is traced on its own (2 traces)",
+    instead="the batch is marked dynamic and backed: batch 1 is traced on its own (2 traces)",
 )
 
 
@@ -58,7 +58,7 @@ AOT_COMPILE = TorchFeature(
     needs="2.10",
     available=hasattr(torch.compiler, "load_compiled_function")
     and hasattr(torch._dynamo.config, "enable_aot_compile"),
-    fallback="it compiles just in time and saves nothing (save_compile_cache serves a restart)",
+    instead="it compiles just in time and saves nothing (save_compile_cache serves a restart)",
 )
 
 

@@ -26,8 +26,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
     torch._dynamo.reset()
+    from cgcompile.calls import compiled_graph
     from cgcompile.counters import counters
-    from cgcompile.runtime import compiled_graph
 
     counters.reset()
     # graphs of earlier tests live on until the collector frees their cycles: forget them, so

@@ -4,9 +4,9 @@ The run (`passes.mutation.find_effects`) finds the inputs the graph writes in pl
 check (`passes.pad_safety`) rides along and says whether padding a batch could change what the
 caller sees. A run that fails leaves the effects unknown, with the reason (the mode resolves to
 NONE). A graph rebuilt from a precompiled file takes the saving process's `Analyses` instead
-of running anything.
+of running anything. Either way they complete the graph's `plan_inputs` plan (`with_effects`).
 
-    plan, analyses = analysed_plan(graph_id, gm, example_inputs, pads=True, saved=None)
+    plan, analyses = analysed_plan(graph_id, gm, example_inputs, plan, pads=True, saved=None)
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from typing import Any
 
 from torch import fx
 
+from cgcompile.backend.input_analysis import with_effects
 from cgcompile.backend.preconditions import pad_check
+from cgcompile.calls.input_plan import InputPlan
 from cgcompile.passes.mutation import ANALYSIS_ERRORS, Effects, find_effects
 from cgcompile.passes.pad_safety import PadCheck
-from cgcompile.runtime.inputs import InputPlan
 
 logger = logging.getLogger(__name__)
 
@@ -42,20 +43,21 @@ def analysed_plan(
     graph_id: int,
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
+    plan: InputPlan,
     pads: bool,
     saved: Analyses | None,
 ) -> tuple[InputPlan, Analyses]:
-    """The input plan with step 1's analyses (`pads`: whether padding safety matters): run
-    now, in one fake run of the graph, or taken from `saved`."""
+    """`plan` (`plan_inputs`') with step 1's analyses (`pads`: whether padding safety
+    matters): run now, in one fake run of the graph, or taken from `saved`."""
     if saved is not None:
-        plan = InputPlan.from_graph(gm, example_inputs, saved.effects)
+        plan = with_effects(plan, saved.effects)
         if pads:
             plan = dataclasses.replace(plan, pad_unsafe=saved.pad_unsafe)
         return plan, Analyses(saved.effects, saved.not_analysed, plan.pad_unsafe)
     # the batch, names and pad values do not depend on the effects
-    check = pad_check(gm, InputPlan.from_graph(gm, example_inputs)) if pads else None
+    check = pad_check(gm, plan) if pads else None
     effects, not_analysed = _effects(graph_id, gm, example_inputs, check)
-    plan = InputPlan.from_graph(gm, example_inputs, effects)
+    plan = with_effects(plan, effects)
     if check is not None:
         plan = dataclasses.replace(plan, pad_unsafe=check.verdict().reason)
     return plan, Analyses(effects, not_analysed, plan.pad_unsafe)

@@ -17,10 +17,10 @@ from typing import Any
 
 from torch import fx
 
+from cgcompile.calls.cuda_graph_wrapper import WrapperFactory
+from cgcompile.calls.input_plan import InputPlan
+from cgcompile.calls.report import FX_SPLIT, PieceInfo
 from cgcompile.config import CompilationConfig, CUDAGraphMode
-from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.report import FX_SPLIT, PieceInfo
-from cgcompile.wrappers.partition_adapter import WrapperFactory
 
 
 @dataclasses.dataclass(frozen=True)

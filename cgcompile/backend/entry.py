@@ -13,12 +13,13 @@ from typing import Any
 from torch import fx
 
 from cgcompile.backend.analyses import Analyses
-from cgcompile.backend.batch_one import remember_dynamic, serve_batch_one
+from cgcompile.backend.batch_one_sharing import remember_dynamic, serve_batch_one
+from cgcompile.backend.input_analysis import plan_inputs
 from cgcompile.backend.pipeline import compile_graph
+from cgcompile.calls.compiled_graph import CompiledGraph
+from cgcompile.calls.padded_batch_one import PaddedBatchOne
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import ConfigError
-from cgcompile.runtime.compiled_graph import CompiledGraph
-from cgcompile.runtime.padded_batch_one import PaddedBatchOne
 
 
 def cudagraph_modes(
@@ -43,11 +44,13 @@ def compile_dynamo_graph(
     analyses: Analyses | None = None,
 ) -> CompiledGraph | PaddedBatchOne:
     """One Dynamo graph: served by a live dynamic graph if it is that graph at batch 1, else
-    compiled (`analyses`: the saving process's, for a graph rebuilt from a precompiled file)."""
-    served, not_shared = serve_batch_one(gm, example_inputs, config)
+    compiled (`analyses`: the saving process's, for a graph rebuilt from a precompiled file).
+    The graph's inputs are read once, here, for both."""
+    plan = plan_inputs(gm, example_inputs)
+    served, not_shared = serve_batch_one(gm, example_inputs, plan, config)
     if served is not None:  # Dynamo's batch-1 graph: the dynamic graph's compile serves it
         return served
-    graph = compile_graph(gm, example_inputs, config, analyses)
+    graph = compile_graph(gm, example_inputs, config, plan, analyses)
     graph.report.batch_one_not_shared = not_shared
     remember_dynamic(graph, gm, config)
     return graph

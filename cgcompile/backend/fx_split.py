@@ -23,11 +23,11 @@ from typing import Any
 from cgcompile.backend.build import BuildRequest, Built
 from cgcompile.backend.dry_run import shapes_only
 from cgcompile.backend.piece_compiler import PieceRunner, compile_pieces, count_compilations
+from cgcompile.calls.cuda_graph_wrapper import WrapperFactory
+from cgcompile.calls.report import PieceInfo
 from cgcompile.config import CompilationConfig, CUDAGraphMode
 from cgcompile.passes.op_match import OpMatcher
 from cgcompile.passes.split import SplitResult, generated_forward, split_graph
-from cgcompile.runtime.report import PieceInfo
-from cgcompile.wrappers.partition_adapter import WrapperFactory
 
 
 def build_split(request: BuildRequest) -> Built:

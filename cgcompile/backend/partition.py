@@ -8,7 +8,7 @@ partitions. Inductor hands each partition to a process-global hook
 PIECEWISE `CUDAGraphWrapper`. Steps of `compile_partitioned`:
 1. set the hook (restoring any hook set before) and compile a copy of the graph with
    `compile_fx`, partitioning at the splitting ops' Inductor names plus `PARTITION_SALT`;
-2. count the partitions the hook saw (0: the caller falls back to the FX split);
+2. count the partitions the hook saw (0: the caller takes the FX split instead);
 3. compile one more artifact per `compile_sizes` entry, with the batch fixed to it.
 `unavailable_reason` says beforehand why this path cannot work for a graph, if it cannot.
 
@@ -36,13 +36,13 @@ from cgcompile.backend.piece_compiler import (
     compile_for_size,
     has_tuple_output,
 )
-from cgcompile.passes.op_match import describe, spec_key
-from cgcompile.wrappers.partition_adapter import (
+from cgcompile.calls.partition_adapter import (
     FirstForward,
     PartitionAdapter,
     PartitionedGraph,
     WrapperFactory,
 )
+from cgcompile.passes.op_match import describe, spec_key
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ _SDPA_KERNELS = tuple(
 decomposes into matmuls instead, which no name can cut at."""
 
 
-class FallbackRule(enum.Enum):
+class RefusalRule(enum.Enum):
     """Why a graph asked for Inductor's partition gets the FX split instead."""
 
     TORCH_TOO_OLD = "partitioning at named ops needs torch >= 2.9.1"
@@ -77,8 +77,10 @@ class FallbackRule(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Fallback:
-    rule: FallbackRule
+class Refusal:
+    """Why Inductor's partition does not serve a graph: the rule, and what was seen."""
+
+    rule: RefusalRule
     cause: str
 
     def __str__(self) -> str:
@@ -129,23 +131,23 @@ def inductor_op_names(specs: Sequence[Any]) -> tuple[list[str], list[str]]:
     return names, unnamed
 
 
-def unavailable_reason(request: BuildRequest) -> Fallback | None:
+def unavailable_reason(request: BuildRequest) -> Refusal | None:
     """Why the partition path cannot (or need not) serve this graph, or None when it can."""
     config = request.config
     if not request.mode.has_piecewise_cudagraphs():
-        return Fallback(FallbackRule.NO_PIECEWISE_GRAPHS, f"mode {request.mode}")
+        return Refusal(RefusalRule.NO_PIECEWISE_GRAPHS, f"mode {request.mode}")
     if not has_partition_api():
         cause = f"torch {torch.__version__} has no inductor config custom_should_partition_ops"
-        return Fallback(FallbackRule.TORCH_TOO_OLD, cause)
+        return Refusal(RefusalRule.TORCH_TOO_OLD, cause)
     if config.compiler != "inductor":
-        return Fallback(FallbackRule.EAGER_COMPILER, f"compiler={config.compiler!r}")
+        return Refusal(RefusalRule.EAGER_COMPILER, f"compiler={config.compiler!r}")
     where = gpu_input_reason(request.example_inputs)
     if where is not None:
-        return Fallback(FallbackRule.NOT_ON_GPU, where)
+        return Refusal(RefusalRule.NOT_ON_GPU, where)
     _, unnamed = inductor_op_names(request.specs)
     if unnamed:
         cause = f"splitting ops {unnamed} are Python callables, not torch ops"
-        return Fallback(FallbackRule.UNNAMED_SPLITTING_OP, cause)
+        return Refusal(RefusalRule.UNNAMED_SPLITTING_OP, cause)
     return None
 
 

@@ -1,8 +1,9 @@
 """From a Dynamo graph to a `CompiledGraph`: the backend's steps, in order.
 
-1. find the attention ops in the graph and the lowest CUDA-graph support among them, the
-   inputs the graph writes in place and whether padding a batch could change what the caller
-   sees: one run on fake tensors (`analyses`), whose results a graph rebuilt from a
+1. complete the graph's input plan (read once, `input_analysis`), find its attention ops and
+   the lowest CUDA-graph support among them (one pass over its calls, `attention.scan_ops`),
+   the inputs the graph writes in place and whether padding a batch could change what the
+   caller sees: one run on fake tensors (`analyses`), whose results a graph rebuilt from a
    precompiled file takes from the file instead;
 2. resolve the requested mode against that support, the attention left unsplit and whether
    the outputs need autograd (`resolution`), logging every downgrade;
@@ -29,15 +30,16 @@ from typing import Any
 import torch
 from torch import fx
 
-from cgcompile.attention import attention_ops, find_attention, is_split_at
 from cgcompile.backend.analyses import Analyses, analysed_plan
+from cgcompile.backend.attention import attention_ops, scan_ops
 from cgcompile.backend.build import BuildRequest, Built
-from cgcompile.backend.compile_cache import cache_delta, inductor_cache_counts, note_compiled
 from cgcompile.backend.fx_split import build_split
+from cgcompile.backend.inductor_cache import cache_delta, inductor_cache_counts, note_compiled
+from cgcompile.backend.input_analysis import with_decode_by_shape, with_host_scalars
 from cgcompile.backend.partition import (
-    Fallback,
-    FallbackRule,
     PartitionedCompile,
+    Refusal,
+    RefusalRule,
     compile_partitioned,
     unavailable_reason,
 )
@@ -47,18 +49,19 @@ from cgcompile.backend.preconditions import (
     note_unmarked_recompile,
     unsplit_attention_of,
 )
+from cgcompile.backend.resolution import Resolution, resolve_cudagraph_mode
 from cgcompile.backend.wrapping import full_wrapper, piecewise_factory
+from cgcompile.calls.compiled_graph import CompiledGraph
+from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
+from cgcompile.calls.dispatcher import CudagraphDispatcher
+from cgcompile.calls.input_plan import InputPlan
+from cgcompile.calls.report import INDUCTOR_PARTITION, GraphReport, PieceInfo
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.counters import counters
-from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import ConfigError
-from cgcompile.passes.op_match import OpMatcher, unknown_op_names
+from cgcompile.graphs import make_graph_runtime
+from cgcompile.passes.op_match import OpMatcher
 from cgcompile.passes.split import generated_forward
-from cgcompile.resolution import Resolution, resolve_cudagraph_mode
-from cgcompile.runtime.compiled_graph import CompiledGraph
-from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.report import INDUCTOR_PARTITION, GraphReport, PieceInfo
-from cgcompile.wrappers import CUDAGraphWrapper, make_graph_runtime
 
 logger = logging.getLogger(__name__)
 _graph_ids = itertools.count()
@@ -68,29 +71,33 @@ def compile_graph(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
     config: CompilationConfig,
+    plan: InputPlan,
     analyses: Analyses | None = None,
 ) -> CompiledGraph:
-    """Steps 1-5 of the module doc for one Dynamo graph (`analyses`: a saving process's)."""
+    """Steps 1-5 of the module doc for one Dynamo graph (`plan`: `plan_inputs`' for it;
+    `analyses`: a saving process's)."""
     start = time.perf_counter()
     graph_id = next(_graph_ids)
     specs = attention_ops() if config.splitting_ops is None else config.splitting_ops
     matcher = OpMatcher(specs)
-    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-    attention = find_attention(targets)
+    ops = scan_ops(gm, matcher, config.splitting_ops or ())
+    attention = ops.attention
     support = _lowest_support(config, attention)
-    _warn_unknown_ops(graph_id, config, targets)
+    _warn_unknown_ops(graph_id, ops.unknown)
     runtime_kind, device = _choose_runtime(config, example_inputs)
-    plan, analyses = _plan(graph_id, gm, example_inputs, config, runtime_kind, support, analyses)
+    plan, analyses = _plan(
+        graph_id, gm, example_inputs, config, plan, runtime_kind, support, analyses
+    )
     note_unmarked_recompile(graph_id, gm, example_inputs, plan)
     resolution = resolve_cudagraph_mode(
         config.cudagraph_mode,
         support,
-        splits_attention=is_split_at(matcher, targets),
+        splits_attention=ops.splits_attention,
         piecewise_available=bool(matcher),
         graphs_available=runtime_kind is not None,
         not_analysed=analyses.not_analysed,
         needs_autograd=needs_autograd(gm),
-        unsplit_attention=unsplit_attention_of(config, matcher, targets),
+        unsplit_attention=unsplit_attention_of(config, ops),
         uniform_decode_query_len=config.uniform_decode_query_len,
         capture_sizes=_capture_sizes(config, plan),
     )
@@ -129,17 +136,19 @@ def _plan(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
     config: CompilationConfig,
+    plan: InputPlan,
     runtime_kind: str | None,
     support: AttentionCGSupport,
     saved: Analyses | None,
 ) -> tuple[InputPlan, Analyses]:
-    """Step 1's input plan: the analyses, host scalars on CUDA, decode batches by shape."""
+    """Step 1 completes the input plan: the analyses, host scalars on CUDA, decode batches by
+    shape."""
     pads = config.cudagraph_mode != CUDAGraphMode.NONE and runtime_kind is not None
-    plan, analyses = analysed_plan(graph_id, gm, example_inputs, pads, saved)
+    plan, analyses = analysed_plan(graph_id, gm, example_inputs, plan, pads, saved)
     if runtime_kind == "cuda":
-        plan = plan.with_host_scalars(example_inputs)
+        plan = with_host_scalars(plan, example_inputs)
     if support == AttentionCGSupport.ALWAYS:
-        plan = plan.with_decode_by_shape(gm, config.uniform_decode_query_len)
+        plan = with_decode_by_shape(plan, gm, config.uniform_decode_query_len)
     return plan, analyses
 
 
@@ -152,8 +161,7 @@ def _lowest_support(
     return min(attention.values(), default=AttentionCGSupport.ALWAYS)
 
 
-def _warn_unknown_ops(graph_id: int, config: CompilationConfig, targets: list[Any]) -> None:
-    unknown = unknown_op_names(config.splitting_ops or (), targets)
+def _warn_unknown_ops(graph_id: int, unknown: list[str]) -> None:
     if unknown:
         logger.warning(
             "graph %d: splitting_ops %s name no op that torch knows, and this graph calls none "
@@ -166,32 +174,32 @@ def _warn_unknown_ops(graph_id: int, config: CompilationConfig, targets: list[An
 
 def _build(request: BuildRequest, graph_id: int) -> Built:
     """Inductor's partition where asked for and possible, else the FX split (logged why)."""
-    fallback = None
+    refusal = None
     wasted = 0
     asked = request.config.use_inductor_graph_partition
     if asked is not False:  # True, or None: where available
-        fallback = unavailable_reason(request)
-        if fallback is None:
+        refusal = unavailable_reason(request)
+        if refusal is None:
             result = compile_partitioned(request)
             if result.num_partitions:
                 return _partition_built(result)
             wasted = result.num_compilations
             cause = "every node was a boundary (non-CUDA or cudagraph-unsafe ops) or no kernels"
-            fallback = Fallback(FallbackRule.NO_PARTITION_FORMED, cause)
-        _log_fallback(graph_id, fallback, loud=asked is True)
+            refusal = Refusal(RefusalRule.NO_PARTITION_FORMED, cause)
+        _log_refusal(graph_id, refusal, loud=asked is True)
     built = build_split(request)
     built.counts["num_backend_compilations"] += wasted
-    built.partition_fallback = None if fallback is None else str(fallback)
+    built.partition_fallback = None if refusal is None else str(refusal)
     return built
 
 
-def _log_fallback(graph_id: int, fallback: Fallback, loud: bool) -> None:
+def _log_refusal(graph_id: int, refusal: Refusal, loud: bool) -> None:
     # Without piecewise graphs both paths compile the same whole graph: nothing is lost.
-    if loud and fallback.rule is not FallbackRule.NO_PIECEWISE_GRAPHS:
+    if loud and refusal.rule is not RefusalRule.NO_PIECEWISE_GRAPHS:
         log = logger.warning
     else:
         log = logger.info
-    log("graph %d: Inductor graph partition not used, the FX split is: %s", graph_id, fallback)
+    log("graph %d: Inductor graph partition not used, the FX split is: %s", graph_id, refusal)
 
 
 def _partition_built(result: PartitionedCompile) -> Built:

@@ -5,7 +5,7 @@ batch was marked outside dim 0 (refused in graph modes); and, for the user, whet
 compiled the graph again for a batch that was never marked.
 
     check = pad_check(gm, plan)   # find_effects(gm, example_inputs, check.watch); check.verdict()
-    needs_autograd(gm), unsplit_attention_of(config, matcher, targets)
+    needs_autograd(gm), unsplit_attention_of(config, scan_ops(gm, matcher, specs))
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from torch import fx
 
-from cgcompile.attention import attention_support_of, unsplit_attention
+from cgcompile.backend.attention import GraphOps, attention_support_of
+from cgcompile.calls.input_plan import InputPlan
 from cgcompile.config import AttentionCGSupport, CompilationConfig, CUDAGraphMode
 from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE, is_marked_batch
 from cgcompile.errors import ConfigError
-from cgcompile.passes.op_match import OpMatcher
+from cgcompile.passes.op_match import op_names
 from cgcompile.passes.pad_safety import PadCheck
-from cgcompile.runtime.inputs import InputPlan
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def pad_check(gm: fx.GraphModule, plan: InputPlan) -> PadCheck:
 
 
 def _is_attention(target: Any) -> bool:
-    return attention_support_of(target) is not None
+    return attention_support_of(target, op_names(target)) is not None
 
 
 def needs_autograd(gm: fx.GraphModule) -> bool:
@@ -47,14 +47,11 @@ def needs_autograd(gm: fx.GraphModule) -> bool:
     return any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
 
 
-def unsplit_attention_of(
-    config: CompilationConfig, matcher: OpMatcher, targets: list[Any]
-) -> dict[str, AttentionCGSupport]:
+def unsplit_attention_of(config: CompilationConfig, ops: GraphOps) -> dict[str, AttentionCGSupport]:
     """Attention ops no splitting op splits, with their support (or the configured override)."""
-    unsplit = unsplit_attention(matcher, targets)
     if config.attention_cg_support is None:
-        return unsplit
-    return dict.fromkeys(unsplit, config.attention_cg_support)
+        return ops.unsplit
+    return dict.fromkeys(ops.unsplit, config.attention_cg_support)
 
 
 def check_batch_dims(example_inputs: Sequence[Any], plan: InputPlan, mode: CUDAGraphMode) -> None:

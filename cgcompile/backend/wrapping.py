@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper, WrapperFactory
+from cgcompile.calls.input_plan import InputPlan
 from cgcompile.config import CompilationConfig, CUDAGraphMode
-from cgcompile.runtime.inputs import InputPlan
-from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
-from cgcompile.wrappers.partition_adapter import WrapperFactory
+from cgcompile.graphs import GraphRuntime
 
 
 def full_wrapper(

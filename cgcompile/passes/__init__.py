@@ -1,1 +1,3 @@
-"""Pure FX passes: op matching and splitting. No CUDA, no backend imports here."""
+"""Pure FX passes and analyses the compile side runs: splitting, op matching, which inputs a
+graph mutates, whether padding is safe, batch-1 matching. No CUDA, and no other folder of
+cgcompile is imported here."""

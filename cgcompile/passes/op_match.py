@@ -11,7 +11,8 @@ callables; matching a node is then a set lookup.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import torch
@@ -44,9 +45,10 @@ def spec_key(spec: Any) -> str | Callable[..., Any]:
     raise TypeError(f"not an op spec: {spec!r}; expected 'ns::op', an op or a callable")
 
 
-def describe(target: Any) -> str:
-    """Readable name of a call target for logs and reports."""
-    names = op_names(target)
+def describe(target: Any, names: tuple[str, ...] | None = None) -> str:
+    """Readable name of a call target for logs and reports (`names`: its `op_names`, where
+    known)."""
+    names = op_names(target) if names is None else names
     if names:
         return names[0]
     return getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
@@ -61,10 +63,40 @@ def is_registered_op(name: str) -> bool:
     return any((s.overload_name or "default") == overload for s in schemas)
 
 
-def unknown_op_names(specs: Iterable[Any], targets: Iterable[Any]) -> list[str]:
-    """Name specs that no target answers to and that torch does not know: likely misspelt."""
-    called = {name for target in targets for name in op_names(target)}
+def unknown_op_names(specs: Iterable[Any], called: Collection[str]) -> list[str]:
+    """Name specs that no call answers to (`called`: the graph's op names) and that torch does
+    not know: likely misspelt."""
     return [s for s in specs if isinstance(s, str) and s not in called and not is_registered_op(s)]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCall:
+    """One call target of a graph, read once (`scan_calls`)."""
+
+    target: Any
+    names: tuple[str, ...]
+    """`op_names(target)`."""
+    readable: str
+    """`describe(target)`."""
+    matched: bool
+    """Whether the matcher's ops include it."""
+
+
+def scan_calls(
+    gm: fx.GraphModule, matcher: OpMatcher, specs: Iterable[Any]
+) -> tuple[list[OpCall], list[str]]:
+    """Each distinct call target of `gm`, in order, with its names and whether `matcher`
+    matches it, in one pass over the nodes; and the name specs among `specs` that no call
+    answers to and torch does not know (`unknown_op_names`)."""
+    calls: dict[int, OpCall] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and id(node.target) not in calls:
+            target = node.target
+            names = op_names(target)
+            matched = matcher.matches_target(target, names)
+            calls[id(target)] = OpCall(target, names, describe(target, names), matched)
+    called = {name for call in calls.values() for name in call.names}
+    return list(calls.values()), unknown_op_names(specs, called)
 
 
 class OpMatcher:
@@ -75,10 +107,12 @@ class OpMatcher:
         self.names = frozenset(k for k in keys if isinstance(k, str))
         self.callables = tuple(k for k in keys if not isinstance(k, str))
 
-    def matches_target(self, target: Any) -> bool:
+    def matches_target(self, target: Any, names: tuple[str, ...] | None = None) -> bool:
+        """Whether `target` is one of the ops (`names`: its `op_names`, where known)."""
         if any(target is c for c in self.callables):
             return True
-        return any(name in self.names for name in op_names(target))
+        names = op_names(target) if names is None else names
+        return any(name in self.names for name in names)
 
     def matches(self, node: fx.Node) -> bool:
         return node.op == "call_function" and self.matches_target(node.target)

@@ -10,16 +10,17 @@ from typing import Any
 import pytest
 import torch
 
+from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
+from cgcompile.calls.forward_context import set_forward_context
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.errors import CaptureError
-from cgcompile.forward_context import set_forward_context
-from cgcompile.wrappers import CUDAGraphRuntime, CUDAGraphWrapper, make_graph_runtime
+from cgcompile.graphs import CUDAGraphRuntime, make_graph_runtime
 
 pytestmark = pytest.mark.cuda
 
 PIECEWISE, FULL = CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
-WRAPPER_LOGGER = "cgcompile.wrappers.cuda_graph_wrapper"
+WRAPPER_LOGGER = "cgcompile.calls.cuda_graph_wrapper"
 
 
 class Affine:

@@ -45,13 +45,13 @@ class _Warnings(logging.Handler):
 def _count_analyses() -> list[str]:
     """The names of the backend's analyses (one run of a graph on fake tensors, the pad check
     riding along) and node-by-node batch-1 matches, as they run."""
-    from cgcompile.backend import analyses, batch_one
+    from cgcompile.backend import analyses, batch_one_sharing
 
     ran: list[str] = []
     for module, name in (
         (analyses, "find_effects"),
         (analyses, "pad_check"),
-        (batch_one, "match_batch_one"),
+        (batch_one_sharing, "match_batch_one"),
     ):
         original = getattr(module, name)
 

@@ -484,7 +484,7 @@ def test_capture_all_captures_every_key_once(first, expected):
 
 
 def test_capture_all_before_any_call_says_what_to_do():
-    from cgcompile.runtime.compiled_graph import CompiledGraph
+    from cgcompile.calls.compiled_graph import CompiledGraph
 
     f = compile_fn(
         silly_model, cudagraph_mode="PIECEWISE", compiler="eager", cudagraph_capture_sizes=[2]

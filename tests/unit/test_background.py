@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import cgcompile
+from cgcompile.calls import background, bulk_capture
 from cgcompile.errors import CGCompileError
-from cgcompile.runtime import background, bulk_capture
 from examples.llama import _read_slots
 from tests.support.background import call_and_check, calls_beside_capture, compile_pair, soak
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cgcompile
-from cgcompile.passes.batch_one import match_batch_one
+from cgcompile.passes.batch_one_match import match_batch_one
 from examples.llama import Llama, LlamaConfig, _read_slots, make_inputs, mark_batch
 from tests.support.models import CacheStep
 
@@ -64,7 +64,7 @@ def test_a_steady_batch_one_call_reads_only_what_it_copies(mode, monkeypatch):
     with the parameters): the steady state reads the few inputs it checks and copies; a replaced
     parameter still gets graphs of its own."""
     compiled, model, reference = _llama_pair(mode)
-    from cgcompile.runtime.compiled_graph import CompiledGraph
+    from cgcompile.calls.compiled_graph import CompiledGraph
 
     with torch.no_grad():
         for n in (8, 1, 1, 1):
@@ -141,10 +141,10 @@ def _traced(model: torch.nn.Module, sizes: tuple[int, ...]):
 
 
 def _batch_exprs(gm):
-    from cgcompile.runtime.inputs import InputPlan
+    from cgcompile.backend.input_analysis import plan_inputs
 
     values = [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
-    return InputPlan.from_graph(gm, values).batch_exprs
+    return plan_inputs(gm, values).batch_exprs
 
 
 @pytest.mark.parametrize(
@@ -185,7 +185,7 @@ def test_mismatched_batch_one_compiles_apart_and_matches_eager(model, caplog):
     compiled = torch.compile(
         model, backend="cudagraph_modes", options={**SIM, "cudagraph_mode": "FULL"}
     )
-    with torch.no_grad(), caplog.at_level(logging.INFO, "cgcompile.backend.batch_one"):
+    with torch.no_grad(), caplog.at_level(logging.INFO, "cgcompile.backend.batch_one_sharing"):
         for n in (4, 1, 1, 3, 1):
             x = torch.randn(n, 8)
             cgcompile.mark_dynamic_batch(x)
@@ -299,7 +299,11 @@ _SHARED: dict[str, tuple] = {}
 def test_a_precompiled_batch_one_graph_is_served_only_by_the_graph_it_was_matched_with():
     """A batch-1 graph rebuilt from a precompiled file skips the node-by-node match: it names
     the dynamic graph that served it when saved (by its code), and no other serves it."""
-    from cgcompile.backend.batch_one import code_digest, dynamic_gm_of, serve_matched_batch_one
+    from cgcompile.backend.batch_one_sharing import (
+        code_digest,
+        dynamic_gm_of,
+        serve_matched_batch_one,
+    )
     from cgcompile.config import CompilationConfig
     from cgcompile.errors import CGCompileError
 

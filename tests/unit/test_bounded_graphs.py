@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import cgcompile
-from cgcompile.runtime.variants import MAX_SIZE_VARIANTS
+from cgcompile.calls.variants import MAX_SIZE_VARIANTS
 
 SIM = {
     "graph_runtime": "simulated",

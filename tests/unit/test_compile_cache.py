@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import cgcompile
-from cgcompile.backend import compile_cache
+from cgcompile.restart import compile_cache
 from tests.support.fresh_process import ROOT, run_fresh
 
 
@@ -62,16 +62,16 @@ def _write(path: Path, header: dict) -> None:
 def test_a_cache_saved_with_another_torch_is_refused_with_the_reason(tmp_path, caplog):
     path = tmp_path / "old.cgcache"
     _write(path, {**compile_cache.process_header(), "torch": "2.9.0"})
-    with caplog.at_level(logging.WARNING, logger="cgcompile.backend.compile_cache"):
+    with caplog.at_level(logging.WARNING, logger="cgcompile.restart.compile_cache"):
         assert cgcompile.load_compile_cache(path) is False
-    (record,) = [r for r in caplog.records if r.name == "cgcompile.backend.compile_cache"]
+    (record,) = [r for r in caplog.records if r.name == "cgcompile.restart.compile_cache"]
     assert "torch '2.9.0'" in record.getMessage() and torch.__version__ in record.getMessage()
 
 
 def test_a_file_that_is_not_a_cache_is_refused_and_a_missing_one_is_no_error(tmp_path, caplog):
     path = tmp_path / "notes.txt"
     path.write_text("hello")
-    with caplog.at_level(logging.INFO, logger="cgcompile.backend.compile_cache"):
+    with caplog.at_level(logging.INFO, logger="cgcompile.restart.compile_cache"):
         assert cgcompile.load_compile_cache(path) is False
         assert cgcompile.load_compile_cache(tmp_path / "absent.cgcache") is False
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("cgcompile")]

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cgcompile.calls.dispatcher import CudagraphDispatcher
+from cgcompile.calls.forward_context import BatchDescriptor as BD
 from cgcompile.config import CompilationConfig, CUDAGraphMode
-from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import CGCompileError, ConfigError
-from cgcompile.forward_context import BatchDescriptor as BD
 
 NONE = CUDAGraphMode.NONE
 PIECEWISE = CUDAGraphMode.PIECEWISE

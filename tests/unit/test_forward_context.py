@@ -9,9 +9,7 @@ from typing import Any
 
 import pytest
 
-from cgcompile.config import CUDAGraphMode
-from cgcompile.errors import ConfigError
-from cgcompile.forward_context import (
+from cgcompile.calls.forward_context import (
     BatchDescriptor,
     ForwardContext,
     batch_hint,
@@ -20,6 +18,8 @@ from cgcompile.forward_context import (
     is_forward_context_available,
     set_forward_context,
 )
+from cgcompile.config import CUDAGraphMode
+from cgcompile.errors import ConfigError
 
 NONE = CUDAGraphMode.NONE
 PIECEWISE = CUDAGraphMode.PIECEWISE

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import cgcompile
-from cgcompile.runtime import static_inputs
-from cgcompile.runtime.instances import EVENTS
+from cgcompile.calls import input_buffers
+from cgcompile.calls.instances import EVENTS
 from examples.llama import Llama, LlamaConfig, _read_slots, make_inputs, mark_batch
 from tests.support.state import compile_model, row_attention
 
@@ -141,7 +141,7 @@ def test_a_loop_at_one_size_pads_nothing_after_a_larger_call(mode, monkeypatch):
     once, not on every step (before, a batch padded to fewer rows than an earlier call wrote
     refilled its pad rows on every call), and the outputs still equal eager's."""
     fills = [0]
-    written, pad = static_inputs.Rows.written, static_inputs.StaticInputs.pad
+    written, pad = input_buffers.Rows.written, input_buffers.InputBuffers.pad
 
     def count_written(rows, n):
         fills[-1] += rows.dirty > n
@@ -151,8 +151,8 @@ def test_a_loop_at_one_size_pads_nothing_after_a_larger_call(mode, monkeypatch):
         fills[-1] += 1
         pad(self, i, rows)
 
-    monkeypatch.setattr(static_inputs.Rows, "written", count_written)
-    monkeypatch.setattr(static_inputs.StaticInputs, "pad", count_pad)
+    monkeypatch.setattr(input_buffers.Rows, "written", count_written)
+    monkeypatch.setattr(input_buffers.InputBuffers, "pad", count_pad)
     torch.manual_seed(0)
     model = Llama(LlamaConfig.tiny()).eval()
     eager = copy.deepcopy(model)

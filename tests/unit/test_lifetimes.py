@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import cgcompile
-from cgcompile.runtime.instances import MAX_INSTANCES
+from cgcompile.calls.instances import MAX_INSTANCES
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
 from tests.support.models import Block
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import cgcompile
-from cgcompile.forward_context import BatchDescriptor
-from cgcompile.runtime.report import describe_key
+from cgcompile.calls.forward_context import BatchDescriptor
+from cgcompile.calls.report import describe_key
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = (ROOT / "docs" / "reference.md").read_text()
@@ -96,7 +96,7 @@ def test_torch_logs_enables_cgcompile_debug_logs() -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "cgcompile/backend/pipeline.py" in result.stderr  # INFO: the resolved mode
-    assert "cgcompile/wrappers/cuda_graph_wrapper.py" in result.stderr  # DEBUG: captures
+    assert "cgcompile/calls/cuda_graph_wrapper.py" in result.stderr  # DEBUG: captures
 
 
 def _imports(path: Path, modules: set[str]) -> set[str]:
@@ -121,18 +121,25 @@ def _module_of(path: Path) -> str:
 
 
 def test_imports_flow_one_way_without_circles() -> None:
-    """passes/ and wrappers/ import neither backend/ nor runtime/; runtime/ does not import
-    backend/ (the compile side builds what runs, never the other way); no module imports
-    itself back through another."""
+    """Folders stand by when their code runs, each importing only those below it: restart/
+    (a new process) over backend/ (once per graph) over calls/ (every call) over graphs/ (each
+    capture and replay); passes/ (pure FX) and the top-level modules import no folder; no
+    module imports itself back through another."""
     files = {_module_of(p): p for p in (ROOT / "cgcompile").rglob("*.py")}
     graph = {
         m: {i for i in _imports(p, set(files)) if i in files and i != m} for m, p in files.items()
     }
+    floors = ["graphs", "calls", "backend", "restart"]
+    folders = {*floors, "passes"}
     for module, imported in graph.items():
-        layer = module.split(".")[1] if "." in module else ""
-        banned = {"passes": ("backend", "runtime"), "wrappers": ("backend", "runtime")}.get(
-            layer, ("backend",) if layer == "runtime" else ()
-        )
+        if module == "cgcompile":  # the public API gathers names from every floor
+            continue
+        layer = module.split(".")[1]
+        if layer in floors:  # a floor imports no floor above it; only compile code runs passes
+            banned = set(floors[floors.index(layer) + 1 :])
+            banned |= {"passes"} if layer in ("graphs", "calls") else set()
+        else:
+            banned = folders - {layer}
         bad = [i for i in imported if i.split(".")[1:2] and i.split(".")[1] in banned]
         assert not bad, f"{module} imports {bad}"
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import cgcompile
+from cgcompile.backend.input_analysis import plan_inputs
 from cgcompile.passes.pad_safety import check_pad_safety
-from cgcompile.runtime.inputs import InputPlan
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
 from tests.support.models import CacheStep, silly_model
 from tests.support.semantics import (
@@ -84,7 +84,7 @@ def pad_verdict(fn, *inputs):
     verdicts = []
 
     def backend(gm, example_inputs):
-        plan = InputPlan.from_graph(gm, example_inputs)
+        plan = plan_inputs(gm, example_inputs)
         verdicts.append(check_pad_safety(gm, example_inputs, plan.batch_exprs).reason)
         return gm.forward
 
@@ -138,7 +138,7 @@ def test_a_check_whose_graph_never_ran_does_not_call_it_safe():
     verdicts = []
 
     def backend(gm, example_inputs):
-        plan = InputPlan.from_graph(gm, example_inputs)
+        plan = plan_inputs(gm, example_inputs)
         verdicts.append(PadCheck(gm, plan.batch_exprs).verdict().reason)
         return gm.forward
 

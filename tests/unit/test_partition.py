@@ -20,8 +20,8 @@ from torch._inductor.scheduler import BaseSchedulerNode, Scheduler
 import cgcompile
 from cgcompile import CaptureError, CUDAGraphMode, counters
 from cgcompile.backend import partition
+from cgcompile.calls.partition_adapter import ArgLayout
 from cgcompile.torch_features import SHARED_UNBACKED_BATCH
-from cgcompile.wrappers.partition_adapter import ArgLayout
 from tests.support.differential import check_every_batch_replays, check_llama_matches_eager
 from tests.support.models import SeqModel, dyn, fresh_model, silly_model
 from tests.support.requires import needs

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cgcompile.backend.resolution import Resolution, Rule, resolve_cudagraph_mode
 from cgcompile.config import AttentionCGSupport, CUDAGraphMode
 from cgcompile.errors import ConfigError
-from cgcompile.resolution import Resolution, Rule, resolve_cudagraph_mode
 
 NONE = CUDAGraphMode.NONE
 PIECEWISE = CUDAGraphMode.PIECEWISE

@@ -1,4 +1,5 @@
-"""Features that need a newer torch: detection, the warning where torch lacks one, the fallback.
+"""Features that need a newer torch: detection, the warning where torch lacks one, what runs
+instead.
 
 An old torch is simulated by replacing the detected feature with one marked unavailable.
 """

@@ -39,7 +39,7 @@ def _failing_captures() -> Any:
     """Make every capture of this process fail after the simulated capture ran (it runs the
     graph's collectives, as the other rank's capture does; a CUDA capture runs none)."""
     from cgcompile.errors import CaptureError
-    from cgcompile.wrappers.simulated import SimulatedGraphRuntime
+    from cgcompile.graphs.simulated import SimulatedGraphRuntime
 
     original = SimulatedGraphRuntime.capture
 

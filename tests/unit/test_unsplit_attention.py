@@ -11,7 +11,7 @@ import torch
 
 import cgcompile
 from cgcompile import AttentionCGSupport, CUDAGraphMode
-from cgcompile.resolution import Rule, resolve_cudagraph_mode
+from cgcompile.backend.resolution import Rule, resolve_cudagraph_mode
 from tests.support import silly
 from tests.support.models import dyn, silly_closed_form, silly_model
 

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 
+from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
+from cgcompile.calls.forward_context import BatchDescriptor, set_forward_context
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.errors import CaptureError, ConfigError
-from cgcompile.forward_context import BatchDescriptor, set_forward_context
-from cgcompile.wrappers import (
-    CUDAGraphWrapper,
+from cgcompile.graphs import (
     SimulatedGraphRuntime,
     make_graph_runtime,
     poison_value,
@@ -22,7 +22,7 @@ from cgcompile.wrappers import (
 )
 
 NONE, PIECEWISE, FULL = CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL
-WRAPPER_LOGGER = "cgcompile.wrappers.cuda_graph_wrapper"
+WRAPPER_LOGGER = "cgcompile.calls.cuda_graph_wrapper"
 
 
 class Affine:

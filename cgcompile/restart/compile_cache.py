@@ -13,7 +13,7 @@ files, which also name the options, the examples and the model's source files.
 Nothing is loaded wrong: a file from another torch, cgcompile or device is refused with one
 WARNING and the process compiles as usual; the caches are keyed by graph, options and
 configuration, so a changed model or option finds no entry and compiles anew, which the first
-compile after such a load reports once at WARNING (`note_compiled`).
+compile after such a load reports once at WARNING (`backend.inductor_cache.note_compiled`).
 
     cgcompile.save_compile_cache("llama.cgcache")   # after the first calls
     cgcompile.load_compile_cache("llama.cgcache")   # next process, before the first call
@@ -21,7 +21,6 @@ compile after such a load reports once at WARNING (`note_compiled`).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib
 import importlib.metadata
@@ -34,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch._dynamo.utils import counters as torch_counters
 
+from cgcompile.backend.inductor_cache import note_loaded
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import CGCompileError
-from cgcompile.wrappers import device_name
+from cgcompile.graphs import device_name
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ def process_header() -> dict[str, str]:
 def precompile_header(
     options: dict[str, Any], examples: list[tuple[Any, ...]], sources: dict[str, str]
 ) -> dict[str, Any]:
-    """A precompiled file's header (`backend.precompile`): `process_header`, digests of the
+    """A precompiled file's header (`restart.precompile`): `process_header`, digests of the
     options and of the examples (with the grad mode), and the checksums of the source files
     Dynamo traced (`sources`, by module name)."""
     config = repr(CompilationConfig.from_options(options))
@@ -143,19 +142,6 @@ def save_compile_cache(path: str | os.PathLike[str]) -> Path:
     return target
 
 
-@dataclasses.dataclass
-class _Loaded:
-    """The file this process loaded and the cache misses before its first compile."""
-
-    path: str
-    misses_before: int
-    warned: bool = False
-
-
-_loaded: list[_Loaded] = []
-"""Process-wide, like torch's caches: the loads of this process (the last one is checked)."""
-
-
 def load_compile_cache(path: str | os.PathLike[str]) -> bool:
     """Put the artifacts saved at `path` into this process's compile caches; call it before the
     first call of a compiled model. False, and the process compiles as usual, when there is no
@@ -179,7 +165,7 @@ def load_compile_cache(path: str | os.PathLike[str]) -> bool:
         return False
     info = torch.compiler.load_cache_artifacts(payload)
     kinds = {kind: len(keys) for kind, keys in info.artifacts.items() if keys} if info else {}
-    _loaded.append(_Loaded(str(target), _misses()))
+    note_loaded(str(target))
     logger.info("compile cache loaded from %s: artifacts %s", target, kinds)
     return True
 
@@ -194,49 +180,3 @@ def _read(target: Path) -> tuple[dict[str, str] | None, bytes]:
     except ValueError:
         return None, b""
     return (header if isinstance(header, dict) else None), payload
-
-
-def inductor_cache_counts() -> tuple[int, int, int, int]:
-    """(hits, misses) of AOTAutograd's cache, then of Inductor's FX-graph cache, in this
-    process so far."""
-    autograd, inductor = torch_counters["aot_autograd"], torch_counters["inductor"]
-    return (
-        autograd["autograd_cache_hit"],
-        autograd["autograd_cache_miss"],
-        inductor["fxgraph_cache_hit"],
-        inductor["fxgraph_cache_miss"],
-    )
-
-
-def cache_delta(
-    before: tuple[int, int, int, int], after: tuple[int, int, int, int]
-) -> tuple[int, int]:
-    """(hits, misses) of the compiles between two `inductor_cache_counts`: AOTAutograd's cache
-    where it was consulted (under torch's AOT compile it bundles Inductor's output, and the
-    FX-graph cache is not asked), else the FX-graph cache's."""
-    d = [a - b for a, b in zip(after, before, strict=True)]
-    return (d[0], d[1]) if d[0] or d[1] else (d[2], d[3])
-
-
-def _misses() -> int:
-    counts = inductor_cache_counts()
-    return counts[1] + counts[3]
-
-
-def note_compiled(graph_id: int) -> None:
-    """After a backend compile: if a loaded cache lacked some of this process's compiles since,
-    say so once (the model code, options or configuration differ from the saving process)."""
-    if not _loaded or _loaded[-1].warned:
-        return
-    loaded = _loaded[-1]
-    missed = _misses() - loaded.misses_before
-    if missed > 0:
-        loaded.warned = True
-        logger.warning(
-            "graph %d: the compile cache loaded from %s lacked %d of the compiles since (the "
-            "model code, the options or torch's configuration differ from the process that "
-            "saved it): compiled them anew; save the cache again after this run",
-            graph_id,
-            loaded.path,
-            missed,
-        )

@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from cgcompile.dispatcher import CudagraphDispatcher
-from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.instances import MAX_INSTANCES
-from cgcompile.runtime.ownership import ThreadOwner
-from cgcompile.runtime.variants import MAX_SIZE_VARIANTS
+from cgcompile.calls.dispatcher import CudagraphDispatcher
+from cgcompile.calls.input_plan import InputPlan
+from cgcompile.calls.instances import MAX_INSTANCES
+from cgcompile.calls.ownership import ThreadOwner
+from cgcompile.calls.variants import MAX_SIZE_VARIANTS
 
 logger = logging.getLogger(__name__)
 

@@ -10,9 +10,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from cgcompile.forward_context import BatchDescriptor
-from cgcompile.runtime.static_inputs import StaticInputs
-from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
+from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
+from cgcompile.calls.forward_context import BatchDescriptor
+from cgcompile.calls.input_buffers import InputBuffers
+from cgcompile.graphs import GraphRuntime
 
 FX_SPLIT = "FX split"
 INDUCTOR_PARTITION = "Inductor partition"
@@ -143,7 +144,7 @@ def live_report(
     report: GraphReport,
     wrappers: Sequence[CUDAGraphWrapper],
     runtime: GraphRuntime | None,
-    static_inputs: StaticInputs,
+    input_buffers: InputBuffers,
 ) -> GraphReport:
     """`report` with the live figures filled in: captured keys per runtime mode, capture
     seconds, graph memory and static input bytes."""
@@ -156,5 +157,5 @@ def live_report(
     }
     report.capture_seconds = sum(w.capture_seconds for w in wrappers)
     report.graph_memory_bytes = runtime.memory_bytes() if runtime else 0
-    report.static_input_bytes = static_inputs.nbytes()
+    report.static_input_bytes = input_buffers.nbytes()
     return report

@@ -3,13 +3,13 @@
 A backed dynamic batch gets two Dynamo graphs, one for sizes >= 2 and one for size 1 (Dynamo
 specialises 1). With `batch_one="padded"` (the default), the backend compiles the first and,
 when the second arrives, compares it with each live dynamic graph of the same options
-(`passes.batch_one`); on a match it hands Dynamo a `PaddedBatchOne` instead of compiling:
+(`passes.batch_one_match`); on a match it hands Dynamo a `PaddedBatchOne` instead of compiling:
 batch-1 calls replay the dynamic graph's graphs of 2 rows. The dynamic graph must pad freely
 (`plan.pad_unsafe` is None) and use graphs; otherwise, or on a mismatch, or when batch 1 came
 first (no dynamic graph yet), or with `batch_one="own"`, the batch-1 graph compiles on its own
 as any graph does (the log and the report say why).
 
-    served, why_not = serve_batch_one(gm, example_inputs, config)  # None: compile gm
+    served, why_not = serve_batch_one(gm, example_inputs, plan, config)  # None: compile gm
     remember_dynamic(compiled, gm, config)                  # after compiling a dynamic graph
 """
 
@@ -23,15 +23,16 @@ from typing import Any
 
 from torch import fx
 
+from cgcompile.backend.input_analysis import plan_inputs
+from cgcompile.calls.compiled_graph import CompiledGraph
+from cgcompile.calls.input_plan import InputPlan
+from cgcompile.calls.padded_batch_one import PaddedBatchOne
 from cgcompile.config import CompilationConfig
 from cgcompile.counters import counters
 from cgcompile.dynamic import is_marked_batch
 from cgcompile.errors import CGCompileError
-from cgcompile.passes.batch_one import match_batch_one
+from cgcompile.passes.batch_one_match import match_batch_one
 from cgcompile.passes.split import generated_forward
-from cgcompile.runtime.compiled_graph import CompiledGraph
-from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.padded_batch_one import PaddedBatchOne
 
 logger = logging.getLogger(__name__)
 
@@ -81,15 +82,12 @@ def _serve(graph: CompiledGraph, size_positions: tuple[int, ...], gm: fx.GraphMo
 
 
 def serve_batch_one(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilationConfig
+    gm: fx.GraphModule, example_inputs: Sequence[Any], plan: InputPlan, config: CompilationConfig
 ) -> tuple[PaddedBatchOne | None, str | None]:
     """(a server for `gm`, None) if it is a batch-1 graph some live dynamic graph computes at
     batch 1; else (None, why not) for a batch-1 graph a dynamic graph could have served, or
     (None, None)."""
-    if config.batch_one != "padded":
-        return None, None
-    plan = InputPlan.from_graph(gm, example_inputs)
-    if plan.static_batch != 1:
+    if config.batch_one != "padded" or plan.static_batch != 1:
         return None, None
     candidates = _candidates(plan, config)
     if not candidates:
@@ -134,7 +132,7 @@ def serve_matched_batch_one(
     dynamic graph saved before it in the same file: served by the live dynamic graph of the
     same options, input names and code (`code_digest`), without matching the nodes again (a
     saved batch-1 graph keeps no fake values but its inputs')."""
-    plan = InputPlan.from_graph(gm, example_inputs)
+    plan = plan_inputs(gm, example_inputs)
     for graph, dynamic_gm in _candidates(plan, config):
         if code_digest(dynamic_gm) == dynamic_digest:
             return _serve(graph, size_positions, gm)

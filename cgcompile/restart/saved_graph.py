@@ -10,13 +10,13 @@ batch dim other than 0, which inputs are parameters), and after compiling what t
 fake runs found (`backend.analyses.Analyses`). Loading rebuilds the fake example inputs from those
 facts and runs the backend again on the same graph without those fake runs: its Inductor
 compiles are cache lookups (the caller loads the saved Inductor artifacts first). A batch-1
-graph that the saving process served by a dynamic graph (`backend.batch_one`) is saved with the
-fake values of its inputs only (the rest costs seconds to unpickle on a large model) and with
-where its batch sizes go and which dynamic graph served it; loaded after that graph, it is
-served by it again without matching the nodes.
+graph that the saving process served by a dynamic graph (`backend.batch_one_sharing`) is saved
+with the fake values of its inputs only (the rest costs seconds to unpickle on a large model)
+and with where its batch sizes go and which dynamic graph served it; loaded after that graph, it
+is served by it again without matching the nodes.
 
     compiled = torch.compile(fn, backend=saving_backend(options), fullgraph=True)
-    with torch._dynamo.config.patch(enable_aot_compile=True): ...   # see backend.precompile
+    with torch._dynamo.config.patch(enable_aot_compile=True): ...   # see restart.precompile
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from cgcompile.backend.batch_one import code_digest, dynamic_gm_of, serve_matched_batch_one
+from cgcompile.backend.batch_one_sharing import code_digest, dynamic_gm_of, serve_matched_batch_one
 from cgcompile.backend.entry import compile_dynamo_graph, cudagraph_modes
+from cgcompile.backend.input_analysis import STATIC_ATTRIBUTE
+from cgcompile.calls.compiled_graph import CompiledGraph
+from cgcompile.calls.padded_batch_one import PaddedBatchOne
 from cgcompile.config import CompilationConfig
 from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE, PAD_ATTRIBUTE
-from cgcompile.runtime.compiled_graph import CompiledGraph
-from cgcompile.runtime.inputs import STATIC_ATTRIBUTE
-from cgcompile.runtime.padded_batch_one import PaddedBatchOne
 
 _DROPPED_META = ("source_fn_stack", "nn_module_stack")
 """Node metadata that holds module objects and classes; nothing in the backend reads it."""

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
+from cgcompile.calls import bulk_capture
 from cgcompile.counters import counters
-from cgcompile.runtime import bulk_capture
 
 logger = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
 """Dynamo's batch-1 graph served by the dynamic graph's compile, padded to 2 rows.
 
 The backend hands Dynamo a `PaddedBatchOne` for a batch-1 graph that is the dynamic graph at
-batch 1 (`passes.batch_one`). A call inserts the batch size, 1, where the dynamic graph takes it
-as an int and calls the dynamic `CompiledGraph`, whose capture sizes start at 2: the batch is
-padded to 2 rows like any batch between capture sizes and its outputs are sliced back, and a
-call that runs without graphs runs its traced graph, never code compiled for 2 or more rows.
-Only a caller that sets the forward context itself (manual mode, where nothing pads) gets the
-batch-1 graph as traced, run eagerly, with one WARNING. A captured full graph's steady state
+batch 1 (`passes.batch_one_match`). A call inserts the batch size, 1, where the dynamic graph
+takes it as an int and calls the dynamic `CompiledGraph`, whose capture sizes start at 2: the
+batch is padded to 2 rows like any batch between capture sizes and its outputs are sliced back,
+and a call that runs without graphs runs its traced graph, never code compiled for 2 or more
+rows. Only a caller that sets the forward context itself (manual mode, where nothing pads) gets
+the batch-1 graph as traced, run eagerly, with one WARNING. A captured full graph's steady state
 does not rebuild the arguments (they grow with the parameters): the dynamic graph's
 `CompiledGraph.steady` runs on a dict of the few positions it reads, taken from this graph's.
 
@@ -22,9 +22,9 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+from cgcompile.calls.compiled_graph import MISS, CompiledGraph
+from cgcompile.calls.forward_context import FORWARD_CONTEXT
 from cgcompile.counters import counters
-from cgcompile.forward_context import FORWARD_CONTEXT
-from cgcompile.runtime.compiled_graph import MISS, CompiledGraph
 
 logger = logging.getLogger(__name__)
 _ONE = (1,)

@@ -15,9 +15,9 @@ keeps `Rows.dirty`, the number of leading rows that may hold data, so a decode l
 copies its n rows and pads nothing (batch tensors whose layout depends on the batch size, or
 expanded ones, are padded on every call).
 
-    static = StaticInputs(plan, max_batch=512)
-    args = static.fill(user_args, n=5, padded=8)    # batch tensors: views of 8 rows
-    out = graph(*args); static.copy_back(user_args, args, n=5)
+    buffers = InputBuffers(plan, max_batch=512)
+    args = buffers.fill(user_args, n=5, padded=8)    # batch tensors: views of 8 rows
+    out = graph(*args); buffers.copy_back(user_args, args, n=5)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from cgcompile.runtime.inputs import InputPlan
+from cgcompile.calls.input_plan import InputPlan
 
 
 class Rows:
@@ -50,7 +50,7 @@ class Rows:
         self.dirty = n
 
 
-class StaticInputs:
+class InputBuffers:
     """Buffers per input position, allocated on first use; views cached per size."""
 
     def __init__(self, plan: InputPlan, max_batch: int) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from cgcompile.runtime.inputs import InputPlan
+from cgcompile.calls.input_plan import InputPlan
 
 
 def _storage_users(t: torch.Tensor) -> int:

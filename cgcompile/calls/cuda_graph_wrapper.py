@@ -15,16 +15,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from cgcompile.calls.forward_context import FORWARD_CONTEXT, ForwardContext, current_forward_context
+from cgcompile.calls.graph_entry import GraphEntry, GraphKey
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 from cgcompile.errors import CaptureError, ConfigError
-from cgcompile.forward_context import FORWARD_CONTEXT, ForwardContext, current_forward_context
-from cgcompile.wrappers.graph_entry import GraphEntry, GraphKey
-from cgcompile.wrappers.runtime import GraphRuntime
+from cgcompile.graphs.graph_runtime import GraphRuntime
 
 logger = logging.getLogger(__name__)
 _ALONE = contextlib.nullcontext()
@@ -180,7 +180,7 @@ class CUDAGraphWrapper:
         try:
             entry, output = self._capture(key, args)
         except CaptureError as exc:
-            return self._fall_back(key, args, str(exc))
+            return self._capture_failed(key, args, str(exc))
         self._replay(entry, args)
         # The capture's own output objects (the same memory the replay just wrote): strong
         # refs keep their pool blocks reserved while later pieces of this forward capture.
@@ -292,7 +292,7 @@ class CUDAGraphWrapper:
             logger.debug("%s: replay %s", self.name, entry.key)
         return entry.graph.replay()
 
-    def _fall_back(self, key: GraphKey, args: tuple[Any, ...], reason: str) -> Any:
+    def _capture_failed(self, key: GraphKey, args: tuple[Any, ...], reason: str) -> Any:
         """A failed capture: count it, warn once per wrapper, run this key eagerly for good."""
         counters.num_capture_failures += 1
         self.failed_keys[key] = reason
@@ -307,3 +307,17 @@ class CUDAGraphWrapper:
         else:
             logger.debug("%s: capture failed for %s: %s", self.name, key, reason)
         return self.runnable(*args)
+
+
+class WrapperFactory(Protocol):
+    """Builds the PIECEWISE wrapper of one piece or partition (the backend's, for both paths)."""
+
+    def __call__(
+        self,
+        runnable: Callable[..., Any],
+        *,
+        name: str,
+        copy_arg_indices: Sequence[int],
+        weak_output: bool,
+        fixed_arg_indices: Sequence[int] = (),
+    ) -> CUDAGraphWrapper: ...

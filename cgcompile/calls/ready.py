@@ -7,7 +7,7 @@ the module instance's `Outputs`. A later call of the key then does, top to botto
 
 1. one fused copy of the caller's batch and copied tensors into the static views
    (`torch._foreach_copy_`); pad rows are written only where an earlier call left data
-   (`static_inputs.Rows`), so a decode loop at one size pads nothing;
+   (`input_buffers.Rows`), so a decode loop at one size pads nothing;
 2. FULL: replay the captured graph (no wrapper, no forward context); PIECEWISE: run the split
    graph under the prebuilt forward context, each piece wrapper replaying its graph;
 3. copy back the real rows of batch inputs the graph writes, hand out the outputs.
@@ -17,7 +17,7 @@ takes every input, as Dynamo passes them). The usual full graph (`inline`: no st
 nothing copied back, outputs prebuilt) is run by `CompiledGraph.steady` itself, steps 1-3
 inlined in its one frame; this object's call serves the rest.
 
-    call = ready_call(wrappers, split_graph, plan, static_inputs, ctx, static_args, n, outputs)
+    call = ready_call(wrappers, split_graph, plan, input_buffers, ctx, static_args, n, outputs)
     out = call(args)
 """
 
@@ -29,19 +29,20 @@ from typing import Any
 
 import torch
 
+from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
+from cgcompile.calls.forward_context import FORWARD_CONTEXT, ForwardContext
+from cgcompile.calls.input_buffers import InputBuffers, copy_into
+from cgcompile.calls.input_plan import InputPlan
+from cgcompile.calls.outputs import Handed, Outputs, row_view
 from cgcompile.config import CUDAGraphMode
-from cgcompile.forward_context import FORWARD_CONTEXT, ForwardContext
-from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.outputs import Handed, Outputs, row_view
-from cgcompile.runtime.static_inputs import StaticInputs, copy_into
-from cgcompile.wrappers import CapturedGraph, CUDAGraphWrapper
+from cgcompile.graphs import CapturedGraph
 
 
 def ready_call(
     wrappers: Sequence[CUDAGraphWrapper],
     runnable: Callable[..., Any],
     plan: InputPlan,
-    static_inputs: StaticInputs,
+    input_buffers: InputBuffers,
     ctx: ForwardContext,
     static_args: Sequence[Any],
     n: int,
@@ -53,7 +54,7 @@ def ready_call(
     entries = [w.entries.get(ctx.graph_key) for w in wrappers if w.runtime_mode is mode]
     if not entries or any(e is None or not e.verified for e in entries):
         return None
-    common = (static_args, n, ctx.batch_descriptor.num_tokens, plan, static_inputs, outputs)
+    common = (static_args, n, ctx.batch_descriptor.num_tokens, plan, input_buffers, outputs)
     if mode is CUDAGraphMode.FULL:
         (entry,) = entries
         return ReadyCall(*common, graph=entry.graph)
@@ -69,7 +70,7 @@ class ReadyCall:
         n: int,
         padded: int,
         plan: InputPlan,
-        static_inputs: StaticInputs,
+        input_buffers: InputBuffers,
         outputs: Outputs,
         graph: CapturedGraph | None = None,
         piecewise: tuple[Callable[..., Any], ForwardContext] | None = None,
@@ -81,7 +82,7 @@ class ReadyCall:
         """FULL: the graph to replay; None for PIECEWISE."""
         self.piecewise = piecewise
         """PIECEWISE: (the split graph, the forward context its wrappers read)."""
-        self.static_inputs = static_inputs
+        self.input_buffers = input_buffers
         self.copied_back = plan.copied_back
         self.sources: list[int] = []
         self.targets: list[torch.Tensor] = []
@@ -91,7 +92,7 @@ class ReadyCall:
         """(`Rows` or None, padded view) per batch tensor: where pad rows may need writing."""
         for i in plan.batch_tensors:
             view = static_args[i]
-            rows = static_inputs.batch_view(i, view, padded)[1]
+            rows = input_buffers.batch_view(i, view, padded)[1]
             self._target(i, view[:n] if padded != n else view)
             self.rows.append((rows, view, i))
         for i in plan.copied_tensors:
@@ -138,7 +139,7 @@ class ReadyCall:
         for rows, view, i in self.rows:
             if rows is None:
                 if padded != n:
-                    self.static_inputs.pad(i, view[n:])
+                    self.input_buffers.pad(i, view[n:])
             elif rows.dirty != n:  # pad rows an earlier call wrote, or note n data rows
                 rows.written(n)
         if self.graph is not None:
@@ -147,7 +148,7 @@ class ReadyCall:
         else:
             out = self._run_pieces(args)
         if self.copied_back:
-            self.static_inputs.copy_back(args, self.replaced, n, padded)
+            self.input_buffers.copy_back(args, self.replaced, n, padded)
         if self.prebuilt is not None and not self.outputs.copies:
             return self.outputs.hand_out_prebuilt(out, self.prebuilt)
         return self.outputs.hand_out(out, n, padded, self.rows_out)

@@ -172,12 +172,12 @@ def _lower_decode(
     state: _Lowering, support: AttentionCGSupport, splits_attention: bool, q: int
 ) -> None:
     """Full decode graphs hold attention: NEVER cannot be in one, q > 1 needs UNIFORM_BATCH."""
-    fallback = PIECEWISE if splits_attention else NONE
+    lowered = PIECEWISE if splits_attention else NONE
     if state.mode.decode_mode() == FULL and support == AttentionCGSupport.NEVER:
-        state.lower(Rule.DECODE_NEEDS_SUPPORT, fallback, "attention support is NEVER")
+        state.lower(Rule.DECODE_NEEDS_SUPPORT, lowered, "attention support is NEVER")
     if state.mode.decode_mode() == FULL and q > 1 and support < AttentionCGSupport.UNIFORM_BATCH:
         cause = f"q={q} and attention support is {support}"
-        state.lower(Rule.SPEC_DECODE_NEEDS_UNIFORM_BATCH, fallback, cause)
+        state.lower(Rule.SPEC_DECODE_NEEDS_UNIFORM_BATCH, lowered, cause)
 
 
 _NO_RUNTIME_CAUSE = (

@@ -10,15 +10,17 @@ with its own attention kernel declares it once, at import time:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch import fx
 
 from cgcompile.config import AttentionCGSupport
 from cgcompile.options import check_op_spec
-from cgcompile.passes.op_match import OpMatcher, describe, op_names, spec_key
+from cgcompile.passes.op_match import OpMatcher, scan_calls, spec_key
 
 logger = logging.getLogger(__name__)
 
@@ -57,31 +59,43 @@ def attention_ops() -> tuple[str | Callable[..., Any], ...]:
     return tuple(_REGISTRY)
 
 
-def attention_support_of(target: Any) -> AttentionCGSupport | None:
-    """The declared support of a call target, or None if it is not attention."""
+def attention_support_of(target: Any, names: tuple[str, ...]) -> AttentionCGSupport | None:
+    """The declared support of a call target (`names`: its `op_names`), or None if it is not
+    attention."""
     for key, support in _REGISTRY.items():
-        if key is target or key in op_names(target):
+        if key is target or key in names:
             return support
     return None
 
 
-def find_attention(targets: Iterable[Any]) -> dict[str, AttentionCGSupport]:
-    """Attention ops among call targets, by readable name, with their support."""
-    found = {}
-    for target in targets:
-        support = attention_support_of(target)
+@dataclasses.dataclass(frozen=True)
+class GraphOps:
+    """What one pass over a graph's call targets found (`scan_ops`)."""
+
+    attention: dict[str, AttentionCGSupport]
+    """Attention ops among the calls, by readable name, with their support."""
+    unsplit: dict[str, AttentionCGSupport]
+    """Attention ops no splitting op splits, with their support: they would sit inside a
+    captured piece."""
+    unknown: list[str]
+    """Splitting ops named by no call and unknown to torch: likely misspelt."""
+
+    @property
+    def splits_attention(self) -> bool:
+        """The graph calls attention, and every attention op is a splitting op."""
+        return bool(self.attention) and not self.unsplit
+
+
+def scan_ops(gm: fx.GraphModule, matcher: OpMatcher, specs: Iterable[Any]) -> GraphOps:
+    """The attention ops of `gm`'s calls and the misspelt names among `specs`, from one pass
+    over its nodes (`matcher`: the splitting ops)."""
+    calls, unknown = scan_calls(gm, matcher, specs)
+    attention: dict[str, AttentionCGSupport] = {}
+    unsplit: dict[str, AttentionCGSupport] = {}
+    for call in calls:
+        support = attention_support_of(call.target, call.names)
         if support is not None:
-            found[describe(target)] = support
-    return found
-
-
-def is_split_at(matcher: OpMatcher, targets: Iterable[Any]) -> bool:
-    """True when every attention op among `targets` is a splitting op of `matcher`."""
-    attention = [t for t in targets if attention_support_of(t) is not None]
-    return bool(attention) and all(matcher.matches_target(t) for t in attention)
-
-
-def unsplit_attention(matcher: OpMatcher, targets: Iterable[Any]) -> dict[str, AttentionCGSupport]:
-    """Attention ops among `targets` that `matcher` does not split, with their support: they
-    would sit inside a captured piece."""
-    return find_attention(t for t in targets if not matcher.matches_target(t))
+            attention[call.readable] = support
+            if not call.matched:
+                unsplit[call.readable] = support
+    return GraphOps(attention, unsplit, unknown)

@@ -18,7 +18,7 @@ Steps of a load:
    graph finds the dynamic graph that serves it): each rebuilds its graph from the saved Dynamo
    graph, its Inductor compiles cache lookups.
 
-Calls go through `runtime.precompiled.Precompiled` (guards checked per call, a call that fits
+Calls go through `restart.precompiled.Precompiled` (guards checked per call, a call that fits
 no example compiled just in time). Calls need no `mark_dynamic_batch`; the examples do, and
 where none of them carries a mark, `precompile` marks dim 0 of their batch tensors (those whose
 dim 0 differs between examples, else those whose dim 0 is the first tensor's) on aliases of
@@ -48,13 +48,13 @@ from typing import Any
 import torch
 
 from cgcompile import torch_features
-from cgcompile.backend.compile_cache import header_differences, precompile_header, source_checksum
-from cgcompile.backend.saved_graph import saving_backend
 from cgcompile.config import CompilationConfig
 from cgcompile.dynamic import mark_dynamic_batch
 from cgcompile.errors import CGCompileError, ConfigError, ConfigTypeError
 from cgcompile.options import TORCH_COMPILE_KEYS
-from cgcompile.runtime.precompiled import Precompiled
+from cgcompile.restart.compile_cache import header_differences, precompile_header, source_checksum
+from cgcompile.restart.precompiled import Precompiled
+from cgcompile.restart.saved_graph import saving_backend
 
 logger = logging.getLogger(__name__)
 

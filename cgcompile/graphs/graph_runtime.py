@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import torch
 
 from cgcompile.errors import ConfigError
-from cgcompile.wrappers.cuda import CUDAGraphRuntime
-from cgcompile.wrappers.simulated import SimulatedGraphRuntime
+from cgcompile.graphs.cuda import CUDAGraphRuntime
+from cgcompile.graphs.simulated import SimulatedGraphRuntime
 
 
 class CapturedGraph(Protocol):

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from cgcompile.calls.forward_context import BatchDescriptor
 from cgcompile.config import CompilationConfig, CUDAGraphMode
 from cgcompile.errors import CGCompileError, ConfigError
-from cgcompile.forward_context import BatchDescriptor
 
 FULL = CUDAGraphMode.FULL
 NONE = CUDAGraphMode.NONE

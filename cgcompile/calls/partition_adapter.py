@@ -18,26 +18,12 @@ graph neither copies nor checks them (on the H200 a 16-layer decode step's copie
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_unflatten
 
-from cgcompile.wrappers.cuda_graph_wrapper import CUDAGraphWrapper
-
-
-class WrapperFactory(Protocol):
-    """Builds the PIECEWISE wrapper of one partition (the backend's, shared with the FX path)."""
-
-    def __call__(
-        self,
-        runnable: Callable[..., Any],
-        *,
-        name: str,
-        copy_arg_indices: Sequence[int],
-        weak_output: bool,
-        fixed_arg_indices: Sequence[int] = (),
-    ) -> CUDAGraphWrapper: ...
+from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper, WrapperFactory
 
 
 class FirstForward:

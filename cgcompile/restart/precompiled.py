@@ -1,5 +1,5 @@
 """What `cgcompile.precompile` returns: a model's AOT-compiled functions, called in place of
-the model (`backend/precompile.py` builds them).
+the model (`restart/precompile.py` builds them).
 
 A call checks the guards of the function that served the last call first, then the others
 (a few us each: torch's `guard_check` binds the arguments in Python), and runs the first that

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
+from cgcompile.calls.compiled_graph import RETURNED, CompiledGraph
 from cgcompile.errors import CGCompileError
-from cgcompile.runtime.compiled_graph import CompiledGraph
 
 logger = logging.getLogger(__name__)
 _USER = re.compile(r"^L\['(\w+)'\]$")
@@ -126,19 +126,12 @@ class TrustedCall:
         self.calls_through_dynamo += 1
         if self.refused is not None or kwargs:
             return self.compiled(*args, **kwargs)
-        returned: list[Any] = []
-        original = CompiledGraph.__call__
-
-        def recording(graph: CompiledGraph, *graph_args: Any) -> Any:
-            out = original(graph, *graph_args)
-            returned.append((graph, out))
-            return out
-
-        CompiledGraph.__call__ = recording  # type: ignore[method-assign]
+        returned: list[tuple[CompiledGraph, Any]] = []
+        token = RETURNED.set(returned)
         try:
             result = self.compiled(*args)
         finally:
-            CompiledGraph.__call__ = original  # type: ignore[method-assign]
+            RETURNED.reset(token)
         try:
             self._bind(args, returned, result)
         except CGCompileError as exc:

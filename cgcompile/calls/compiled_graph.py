@@ -7,7 +7,7 @@ Per call (automatic mode, the default):
 2. read the batch size n from the user's batch tensors and the hints of `batch_hint(...)`;
 3. ask the dispatcher for (runtime mode, descriptor), padding n to a capture size; a graph
    that padding could change (`plan.pad_unsafe`) runs sizes it would pad without graphs;
-4. copy user tensors into static buffers (`StaticInputs`: padded rows hold pad values;
+4. copy user tensors into input buffers (`InputBuffers`: padded rows hold pad values;
    parameters, buffers and tensors the graph writes in place are never copied);
 5. run the FULL wrapper (which holds the PIECEWISE-wrapped pieces) under that forward context,
    whose key names the module instance, so each instance replays graphs of its own;
@@ -31,6 +31,7 @@ weakly: a deleted model's instance and its graphs are dropped (`instances`).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 import weakref
@@ -40,29 +41,30 @@ from typing import Any, Literal, overload
 
 import torch
 
-from cgcompile.config import CUDAGraphMode
-from cgcompile.counters import counters
-from cgcompile.dispatcher import CudagraphDispatcher
-from cgcompile.errors import CGCompileError
-from cgcompile.forward_context import (
+from cgcompile.calls import bulk_capture
+from cgcompile.calls.background import BackgroundCapture, Turns
+from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
+from cgcompile.calls.dispatcher import CudagraphDispatcher
+from cgcompile.calls.fallbacks import FallbackLog
+from cgcompile.calls.forward_context import (
     BATCH_HINT,
     FORWARD_CONTEXT,
     ForwardContext,
     current_batch_hint,
     set_forward_context,
 )
-from cgcompile.runtime import bulk_capture
-from cgcompile.runtime.background import BackgroundCapture, Turns
-from cgcompile.runtime.fallbacks import FallbackLog
-from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.instances import EVENTS, InstanceSlots, weak_method
-from cgcompile.runtime.outputs import Outputs
-from cgcompile.runtime.ownership import ThreadOwner
-from cgcompile.runtime.ready import ReadyCall, ready_call
-from cgcompile.runtime.report import GraphReport, live_report
-from cgcompile.runtime.static_inputs import StaticInputs
-from cgcompile.runtime.variants import SizeVariants
-from cgcompile.wrappers import CUDAGraphWrapper, GraphRuntime
+from cgcompile.calls.input_buffers import InputBuffers
+from cgcompile.calls.input_plan import InputPlan
+from cgcompile.calls.instances import EVENTS, InstanceSlots, weak_method
+from cgcompile.calls.outputs import Outputs
+from cgcompile.calls.ownership import ThreadOwner
+from cgcompile.calls.ready import ReadyCall, ready_call
+from cgcompile.calls.report import GraphReport, live_report
+from cgcompile.calls.variants import SizeVariants
+from cgcompile.config import CUDAGraphMode
+from cgcompile.counters import counters
+from cgcompile.errors import CGCompileError
+from cgcompile.graphs import GraphRuntime
 
 logger = logging.getLogger(__name__)
 NONE = CUDAGraphMode.NONE
@@ -71,6 +73,12 @@ MISS = object()
 _use_count = torch._C._storage_Use_Count
 
 _live_graphs: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
+
+RETURNED: contextvars.ContextVar[list[tuple[CompiledGraph, Any]] | None] = contextvars.ContextVar(
+    "cgcompile_returned", default=None
+)
+"""Where set, each graph call of this thread (or task) appends (graph, outputs): how
+`trusted` learns what a model call's graphs returned."""
 
 
 def compiled_graphs() -> list[CompiledGraph]:
@@ -107,7 +115,7 @@ class CompiledGraph:
         they run for real (inside Inductor's partitioned code)."""
         self.traced = traced or runnable
         """The traced graph run eagerly: what calls from threads not owning the graphs run."""
-        self.static_inputs = StaticInputs(plan, dispatcher.max_capture_size)
+        self.input_buffers = InputBuffers(plan, dispatcher.max_capture_size)
         self.uses_graphs = dispatcher.cudagraph_mode != NONE
         self.owner = ThreadOwner()
         self.instances = InstanceSlots(
@@ -140,13 +148,17 @@ class CompiledGraph:
 
     def __call__(self, *args: Any) -> Any:
         out = self.steady(args)
-        if out is not MISS:
-            return out
-        turns = self.capture_turns
-        if turns is None:
-            return self._call(args)
-        with turns:  # beside a background capture_all: one of its captures at a time
-            return self._call(args)
+        if out is MISS:
+            turns = self.capture_turns
+            if turns is None:
+                out = self._call(args)
+            else:
+                with turns:  # beside a background capture_all: one of its captures at a time
+                    out = self._call(args)
+        returned = RETURNED.get()
+        if returned is not None:  # `trusted` watches this model call (`calls.trusted`)
+            returned.append((self, out))
+        return out
 
     def steady(self, args: Any, any_ready: bool = True) -> Any:
         """This call's outputs if it is a key's steady state (graphs verified, instance known,
@@ -280,19 +292,19 @@ class CompiledGraph:
             outputs.start_copying()
             return self._run_eager(args, n, "held")
         padded = desc.num_tokens
-        static_args = self.static_inputs.fill(args, n, padded)
+        static_args = self.input_buffers.fill(args, n, padded)
         self.instances.remember(slot, static_args, with_graphs=True)
         shape_key = self.plan.shape_key(static_args)
         with set_forward_context(mode, desc, shape_key=shape_key, instance=slot) as ctx:
             out = self.runnable(*static_args)
         if self.plan.copied_back:
-            self.static_inputs.copy_back(args, static_args, n, padded)
+            self.input_buffers.copy_back(args, static_args, n, padded)
         if kind is not None:
             ready = ready_call(
                 self.wrappers,
                 self.runnable,
                 self.plan,
-                self.static_inputs,
+                self.input_buffers,
                 ctx,
                 static_args,
                 n,
@@ -380,7 +392,7 @@ class CompiledGraph:
     @property
     def report(self) -> GraphReport:
         """The compile-time report with live capture figures filled in."""
-        return live_report(self._report, self.wrappers, self.runtime, self.static_inputs)
+        return live_report(self._report, self.wrappers, self.runtime, self.input_buffers)
 
     def format_report(self) -> str:
         """`report` as text: pieces, mode and why, captured keys, times, memory, fallbacks."""

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from cgcompile.forward_context import BatchDescriptor
-from cgcompile.wrappers.runtime import CapturedGraph
+from cgcompile.calls.forward_context import BatchDescriptor
+from cgcompile.graphs.graph_runtime import CapturedGraph
 
 GraphKey = tuple[BatchDescriptor | None, tuple[int, ...], int]
 """(batch descriptor, dynamic sizes, module instance): the sizes are the forward context's

@@ -30,28 +30,28 @@ from typing import Any, Protocol
 
 import torch
 
+from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
+from cgcompile.calls.dispatcher import CudagraphDispatcher
+from cgcompile.calls.forward_context import set_forward_context
+from cgcompile.calls.input_buffers import InputBuffers
+from cgcompile.calls.input_plan import InputPlan
+from cgcompile.calls.instances import InstanceSlots
+from cgcompile.calls.ownership import ThreadOwner
+from cgcompile.calls.report import describe_key
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
-from cgcompile.dispatcher import CudagraphDispatcher
 from cgcompile.errors import CaptureError, CGCompileError
-from cgcompile.forward_context import set_forward_context
-from cgcompile.runtime.inputs import InputPlan
-from cgcompile.runtime.instances import InstanceSlots
-from cgcompile.runtime.ownership import ThreadOwner
-from cgcompile.runtime.report import describe_key
-from cgcompile.runtime.static_inputs import StaticInputs
-from cgcompile.wrappers import CUDAGraphWrapper
 
 
 class Capturable(Protocol):
-    """What capture needs of a `cgcompile.runtime.CompiledGraph`."""
+    """What capture needs of a `cgcompile.calls.CompiledGraph`."""
 
     report_id: int
     owner: ThreadOwner
     instances: InstanceSlots
     dispatcher: CudagraphDispatcher
     wrappers: list[CUDAGraphWrapper]
-    static_inputs: StaticInputs
+    input_buffers: InputBuffers
     plan: InputPlan
     runnable: Callable[..., Any]
     shapes_only: Callable[[], contextlib.AbstractContextManager[None]] | None
@@ -170,7 +170,7 @@ def _warm_up(
 ) -> None:
     """Run `mode`'s compiled code once, eagerly, at `desc`'s size on padding rows; restore
     every buffer and in-place input it may write (a schema need not say so: batch norm)."""
-    args = graph.static_inputs.at_size(example, desc.num_tokens)
+    args = graph.input_buffers.at_size(example, desc.num_tokens)
     written = {*graph.plan.static_tensors, *graph.plan.mutated, *graph.plan.in_place}
     saved = [
         (args[i], args[i].clone())
@@ -197,7 +197,7 @@ def capture_key(
     """Record the graphs of one key on padding rows (each capture under `turn`); a
     `CaptureError` leaves the key to lazy capture, with a WARNING."""
     with turn:  # padding rows go into the static buffers the owner's calls also fill
-        args = graph.static_inputs.at_size(example, desc.num_tokens)
+        args = graph.input_buffers.at_size(example, desc.num_tokens)
     shape_key = graph.plan.shape_key(args)
     pieces = contextlib.nullcontext()
     if mode == CUDAGraphMode.PIECEWISE and graph.shapes_only is not None:
