@@ -3,8 +3,11 @@
 Steps:
 1. in the calling thread (the one that owns the graphs): plan each graph's keys and run the
    eager first run of any runtime mode that never ran (it writes state, so it cannot overlap
-   a call), collect garbage once, and give each graph and its wrappers a `Turns` lock;
-2. on the thread `cgcompile-capture`, on the caller's CUDA stream: for each key, write its
+   a call); start the thread `cgcompile-capture` and wait while it creates its CUDA
+   libraries' handles (`prepare_thread`: torch keeps them per thread, a capture cannot create
+   them, and building them holds the interpreter lock for up to seconds, which would stall the
+   first calls); then give each graph and its wrappers a `Turns` lock and return;
+2. on the thread, on the caller's CUDA stream: for each key, write its
    padding rows into the static buffers and record its graphs, each under the lock. The owner's
    calls hold the same lock for their whole call, so a call waits for at most the one capture
    under way, and replays every key captured so far; a key not captured yet runs as it would
@@ -22,7 +25,6 @@ Steps:
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import threading
 import time
@@ -71,18 +73,21 @@ class BackgroundCapture:
         self._plans = [(graph, bulk_capture.plan_captures(graph)) for graph in graphs]
         self.total_keys = sum(len(todo) for _, todo in self._plans)
         self._turns = Turns()
-        gc.collect()  # once, here: a collection on the thread would stall the calls meanwhile
         self._stream = _current_stream(graphs)
         self._inference = torch.is_inference_mode_enabled()
         """The caller's inference mode, thread-local in torch: the thread runs under it too,
         as the caller's tensors may be inference tensors."""
-        for graph, _ in self._plans:
-            graph.capture_turns = self._turns
-            for wrapper in graph.wrappers:
-                wrapper.turn = self._turns
         self._started = time.perf_counter()
+        self._prepared, self._go = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, name="cgcompile-capture", daemon=True)
         self._thread.start()
+        self._prepared.wait()
+        if self.error is None:
+            for graph, _ in self._plans:
+                graph.capture_turns = self._turns
+                for wrapper in graph.wrappers:
+                    wrapper.turn = self._turns
+        self._go.set()
 
     @property
     def done(self) -> bool:
@@ -104,20 +109,38 @@ class BackgroundCapture:
 
     def _run(self) -> None:
         self._turns.capturer = threading.get_ident()
+        grad_off = torch.inference_mode() if self._inference else torch.no_grad()
+        with grad_off, _on_stream(self._stream):
+            try:
+                for runtime in {id(g.runtime): g.runtime for g, _ in self._plans}.values():
+                    if runtime is not None:
+                        runtime.prepare_thread()
+            except BaseException as exc:  # noqa: BLE001 - kept for wait(), and logged now
+                self._failed(exc)
+            finally:
+                self._prepared.set()  # after `error` is set: the caller reads it next
+            if self.error is None:
+                self._go.wait()
+                self._capture_keys()
+        self.seconds = time.perf_counter() - self._started
+        logger.info(
+            "background capture: %d graphs for %d/%d keys in %.2f s",
+            self.graphs_captured,
+            self.keys_done,
+            self.total_keys,
+            self.seconds,
+        )
+
+    def _capture_keys(self) -> None:
+        """Every planned key, each under the turns; then the graphs lose their lock."""
         before = counters.num_cudagraph_captured
         try:
-            grad_off = torch.inference_mode() if self._inference else torch.no_grad()
-            with grad_off, _on_stream(self._stream):
-                runtimes = {id(g.runtime): g.runtime for g, _ in self._plans if g.runtime}
-                for runtime in runtimes.values():
-                    runtime.prepare_thread()
-                for graph, todo in self._plans:
-                    for item in todo:
-                        bulk_capture.capture_key(graph, *item, turn=self._turns)
-                        self.keys_done += 1
+            for graph, todo in self._plans:
+                for item in todo:
+                    bulk_capture.capture_key(graph, *item, turn=self._turns)
+                    self.keys_done += 1
         except BaseException as exc:  # noqa: BLE001 - kept for wait(), and logged now
-            self.error = exc
-            logger.error("background capture failed after %d keys: %r", self.keys_done, exc)
+            self._failed(exc)
         finally:
             with self._turns:
                 for graph, _ in self._plans:
@@ -125,14 +148,10 @@ class BackgroundCapture:
                     for wrapper in graph.wrappers:
                         wrapper.turn = contextlib.nullcontext()  # reusable: no state
                 self.graphs_captured = counters.num_cudagraph_captured - before
-                self.seconds = time.perf_counter() - self._started
-            logger.info(
-                "background capture: %d graphs for %d/%d keys in %.2f s",
-                self.graphs_captured,
-                self.keys_done,
-                self.total_keys,
-                self.seconds,
-            )
+
+    def _failed(self, exc: BaseException) -> None:
+        self.error = exc
+        logger.error("background capture failed after %d keys: %r", self.keys_done, exc)
 
     def __repr__(self) -> str:
         state = "running" if not self.done else f"done in {self.seconds:.2f} s"

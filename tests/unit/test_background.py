@@ -12,6 +12,7 @@ import torch
 import cgcompile
 from cgcompile.calls import background, bulk_capture
 from cgcompile.errors import CGCompileError
+from cgcompile.graphs.simulated import SimulatedGraphRuntime
 from examples.llama import _read_slots
 from tests.support.background import call_and_check, calls_beside_capture, compile_pair, soak
 
@@ -87,3 +88,21 @@ def test_second_capture_all_is_refused_while_one_runs_in_the_background() -> Non
             cgcompile.capture_all(background=True)
         assert cgcompile.capture_all(progress=False) == 0  # skipped, with a warning
         job.wait(timeout=120)
+
+
+def test_a_thread_that_cannot_prepare_leaves_no_lock_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(self: SimulatedGraphRuntime) -> None:
+        raise RuntimeError("no handles on this thread")
+
+    monkeypatch.setattr(SimulatedGraphRuntime, "prepare_thread", broken)
+    _, reference, compiled = compile_pair("cpu", **SIM)
+    with torch.inference_mode():
+        call_and_check(compiled, reference, 8, False, 0)
+        job = cgcompile.capture_all(background=True)
+        with pytest.raises(RuntimeError, match="no handles on this thread"):
+            job.wait(timeout=120)
+        assert job.keys_done == 0
+        assert all(g.capture_turns is None for g in cgcompile.compiled_graphs())
+        call_and_check(compiled, reference, 5, True, 1)
