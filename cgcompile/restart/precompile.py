@@ -52,6 +52,7 @@ from cgcompile.config import CompilationConfig
 from cgcompile.dynamic import mark_dynamic_batch
 from cgcompile.errors import CGCompileError, ConfigError, ConfigTypeError
 from cgcompile.options import TORCH_COMPILE_KEYS
+from cgcompile.restart import load_steps
 from cgcompile.restart.compile_cache import header_differences, precompile_header, source_checksum
 from cgcompile.restart.precompiled import Precompiled
 from cgcompile.restart.saved_graph import saving_backend
@@ -78,11 +79,19 @@ def precompile(
     if not torch_features.AOT_COMPILE.available:
         return _just_in_time(model, options, torch_features.AOT_COMPILE.why_missing())
     examples = _dynamic_first(_marked(examples))
-    functions, why = _load(target, options, examples)
+    with load_steps.collecting() as steps:
+        functions, why = _load(target, options, examples)
     if functions is not None:
         seconds = time.perf_counter() - start
-        logger.info("precompiled %s loaded from %s in %.2fs", _name(model), target, seconds)
-        return Precompiled(model, options, functions, True, None, seconds)
+        steps = load_steps.inside_torch(steps)
+        logger.info(
+            "precompiled %s loaded from %s in %.2fs: %s",
+            _name(model),
+            target,
+            seconds,
+            load_steps.describe(steps),
+        )
+        return Precompiled(model, options, functions, True, None, seconds, steps)
     try:
         functions = _compile_and_save(model, examples, target, options)
     except CGCompileError:
@@ -193,25 +202,31 @@ def _dynamic_first(examples: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]
 def _load(
     target: Path, options: dict[str, Any], examples: list[tuple[Any, ...]]
 ) -> tuple[list[Any] | None, str]:
-    """(the loaded functions, "") or (None, why not)."""
+    """(the loaded functions, "") or (None, why not); each step timed (`load_steps`)."""
     if not target.exists():
         return None, f"no file at {target}"
-    data = target.read_bytes()
-    header_line, _, payload = data[len(MAGIC) :].partition(b"\n")
-    try:
-        header = json.loads(header_line) if data.startswith(MAGIC) else None
-    except ValueError:
-        header = None
+    with load_steps.step("read"):
+        data = target.read_bytes()
+    with load_steps.step("header"):
+        header_line, _, payload = data[len(MAGIC) :].partition(b"\n")
+        try:
+            header = json.loads(header_line) if data.startswith(MAGIC) else None
+        except ValueError:
+            header = None
+        differ = header_differences(header, options, examples) if isinstance(header, dict) else []
     if not isinstance(header, dict):
         return _refuse(target, "it is not a precompiled cgcompile model")
-    differ = header_differences(header, options, examples)
     if differ:
         return _refuse(target, "it was saved with " + "; ".join(differ))
     try:
-        saved = pickle.loads(payload)
+        with load_steps.step("unpickle"):
+            saved = pickle.loads(payload)
         if saved["cache"] is not None:
-            torch.compiler.load_cache_artifacts(saved["cache"])
+            with load_steps.step("inductor artifacts"):
+                torch.compiler.load_cache_artifacts(saved["cache"])
+        start = time.perf_counter()
         functions = [_load_function(b) for b in saved["functions"]]
+        load_steps.add("torch's loader", time.perf_counter() - start)
     except Exception as exc:  # anything torch's loader raises: compile instead, say why
         logger.debug("loading %s failed", target, exc_info=True)
         return _refuse(target, f"loading it failed with {type(exc).__name__}: {exc}")

@@ -33,6 +33,7 @@ class Precompiled:
         loaded: bool,
         why_compiled: str | None,
         seconds: float,
+        load_steps: dict[str, float] | None = None,
     ) -> None:
         self.model = model
         self.options = options
@@ -43,6 +44,9 @@ class Precompiled:
         """Why the file was not loaded (None when it was)."""
         self.seconds = seconds
         """Time to load, or to compile and save."""
+        self.load_steps = load_steps or {}
+        """A load's seconds per step (`restart.load_steps`: read, header, unpickle, Inductor
+        artifacts, graph unpickle, rebuild and its pieces, torch's loader); empty if compiled."""
         self._prefix = (model,) if isinstance(model, torch.nn.Module) else ()
         self._jit: Callable[..., Any] | None = None
         self._warned_marks = False

@@ -48,6 +48,7 @@ from cgcompile.calls.compiled_graph import CompiledGraph
 from cgcompile.calls.padded_batch_one import PaddedBatchOne
 from cgcompile.config import CompilationConfig
 from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE, PAD_ATTRIBUTE
+from cgcompile.restart import load_steps
 
 _DROPPED_META = ("source_fn_stack", "nn_module_stack")
 """Node metadata that holds module objects and classes; nothing in the backend reads it."""
@@ -97,10 +98,11 @@ class SavedGraph(SerializableCallable):
     def deserialize_compile_artifacts(cls, data: bytes) -> SavedGraph:
         state = pickle.loads(data)
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-        with _slices_as_pytree_nodes():
+        with _slices_as_pytree_nodes(), load_steps.step("graph unpickle"):
             gm = GraphPickler.loads(state["graph"], fake_mode)
         examples = _examples(gm, state["facts"])
         with contextlib.ExitStack() as stack:
+            stack.enter_context(load_steps.step("rebuild"))
             stack.enter_context(_compiling())
             stack.enter_context(tracing(TracingContext(fake_mode)))
             for module, values in state["config"].items():
@@ -113,6 +115,7 @@ class SavedGraph(SerializableCallable):
                 compiled = compile_dynamo_graph(gm, examples, config, state["analyses"])
         if isinstance(compiled, CompiledGraph):
             compiled.report.precompiled = True
+            load_steps.add("rebuild: pieces", compiled.report.compile_parts.get("pieces", 0.0))
         return cls(compiled, data)
 
 

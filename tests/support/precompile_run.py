@@ -133,6 +133,8 @@ def main() -> None:
                 "report": cgcompile.compiled_graphs()[0].format_report(),
                 "analyses_run": analyses_run,
                 "graphs_shared": cgcompile.counters.num_graphs_shared,
+                "seconds": step.seconds,
+                "load_steps": step.load_steps,
             }
         )
     )

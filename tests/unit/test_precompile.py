@@ -88,6 +88,22 @@ def test_a_fresh_process_loads_the_precompiled_model_without_tracing_or_compilin
     assert "rebuilt from a precompiled file" not in saved["report"]
     assert f"compile cache {hits} hits, 0 misses" in loaded["report"]
     assert "rebuilt from a precompiled file: no Dynamo trace" in loaded["report"]
+    # the load's steps are timed, in the order they ran, and add up to the load
+    steps = loaded["load_steps"]
+    assert saved["load_steps"] == {}
+    assert list(steps) == [
+        "read",
+        "header",
+        "unpickle",
+        "inductor artifacts",
+        "graph unpickle",
+        "rebuild",
+        "rebuild: pieces",
+        "torch's loader",
+    ]
+    assert steps["rebuild: pieces"] <= steps["rebuild"]
+    whole = sum(s for name, s in steps.items() if name != "rebuild: pieces")
+    assert whole <= loaded["seconds"] <= whole + 0.5  # the rest: marking, ordering examples
 
 
 @needs_aot
