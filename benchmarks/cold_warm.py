@@ -94,6 +94,7 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
                 lambda: _precompile(family, args.precompile, options), device
             )
             result["precompile_loaded"] = compiled.loaded
+            result["load_steps"] = compiled.load_steps
         profiler = cProfile.Profile() if args.profile_first else None
         with profiler or contextlib.nullcontext():
             result["first_call_8_s"] = timed_call(lambda: call(8, False), device)[1]
@@ -349,6 +350,8 @@ def _line(row: dict[str, Any]) -> str:
     ready += row.get("load_s", 0.0) + row.get("precompile_s", 0.0)
     if "precompile_s" in row:
         how = "loaded" if row["precompile_loaded"] else "compiled and saved"
+        if row.get("load_steps"):
+            how += ": " + ", ".join(f"{k} {v:.2f}" for k, v in row["load_steps"].items())
         first = f"precompile {row['precompile_s']:.1f}s ({how})"
         row = {**row, "reports": [first, *row["reports"]]}
     steps = " ".join(f"{n}:{ms:.3f}" for n, ms in row["step_ms"].items())
