@@ -63,15 +63,15 @@ class BackgroundCapture:
     """A running `capture_all(background=True)`: progress, the time it took, its error."""
 
     def __init__(self, graphs: list[Any]) -> None:
-        self.total_keys = 0
-        """Keys planned over every graph (instances x keys)."""
         self.keys_done = 0
         self.graphs_captured = 0
+        """Graphs recorded while the thread ran (calls' own lazy captures included)."""
         self.seconds: float | None = None
         """Wall time from the start to the last key; None while running."""
         self.error: BaseException | None = None
         self._plans = [(graph, bulk_capture.plan_captures(graph)) for graph in graphs]
         self.total_keys = sum(len(todo) for _, todo in self._plans)
+        """Keys planned over every graph (module instances x keys)."""
         self._turns = Turns()
         self._stream = _current_stream(graphs)
         self._inference = torch.is_inference_mode_enabled()

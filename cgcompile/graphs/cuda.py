@@ -233,8 +233,10 @@ def _end_failed_capture(graph: torch.cuda.CUDAGraph, device: torch.device, pool:
         # an invalidated capture cannot end cleanly: torch then skipped ending its allocations
         # to the pool, which is left to do here
         logger.debug("ending a failed capture raised %s", exc)
+        end_allocating = getattr(torch._C, "_cuda_endAllocateToPool", None)
         with contextlib.suppress(RuntimeError):  # "not currently recording": it had ended
-            torch._C._cuda_endAllocateToPool(device.index, pool)
+            if end_allocating is not None:
+                end_allocating(device.index, pool)
 
 
 def _capture_failure(fn: Callable[..., Any], exc: BaseException) -> str:
