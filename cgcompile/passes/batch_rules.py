@@ -18,7 +18,8 @@ batch size is a symbol `s` (see `pad_safety`). A *batch dim* is a dim whose size
   call, such as a KV cache): a region sized by the batch (`cache[: x.shape[0]] = x`) would get
   the padded rows too; rows at positions read from the batch (`cache.index_copy_(0, slot, k)`)
   are steered by the pad value of the inputs those positions come from, so `State.indexed_write`
-  says whether they have one.
+  says whether they have one (of a write at several indices, `cache[slot, :, pos] = k`, the one
+  that chooses the row decides).
 
     why = check_op(torch.ops.aten.sum.dim_IntList, (y, [0]), {}, out, batch, state)
 """
@@ -73,8 +74,9 @@ class State:
     indexed_write: Callable[[torch.Tensor, list[torch.Tensor]], str | None] = lambda dst, index: (
         None
     )
-    """Why writing rows into state `dst` at positions `index` (read from the batch) could land
-    padded rows where an eager call writes nothing, or None (the positions have pad values)."""
+    """Why writing rows into state `dst` at positions `index` (the index tensors read from the
+    batch, in the order of the dims they index) could land padded rows where an eager call
+    writes nothing, or None (the positions have pad values)."""
 
 
 def check_op(

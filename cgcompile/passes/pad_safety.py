@@ -14,7 +14,8 @@ backend judges it during the fake run that finds the graph's effects, `PadCheck`
    the user registered are trusted to keep rows apart, like the engines whose padded batches
    they serve;
    Writes into state (a KV cache) at rows read from a batch input need that input's pad value
-   (`state_writes`), and a write of a batch-sized region of state is never padded;
+   (`state_writes`; at several indices, the pad value of the one that chooses the row), and a
+   write of a batch-sized region of state is never padded;
 3. outputs: a tensor involving `s` has it as dim 0 only, exactly `s`; no int output
    involves `s` (`return y, x.shape[0]` would return the padded size).
 
@@ -120,6 +121,7 @@ class PadCheck:
             self.placeholders,
             args,
             self.names,
+            self.batch,
             batch_inputs,
             self.padded,
             lambda: interpreter.env,

@@ -6,9 +6,11 @@ the call (a KV cache) at positions read from a batch input (`cache.index_copy_(0
 value that is 0, a slot an eager call never writes and later calls may read. `StateWrites`
 gives `batch_rules` the `State` of one fake run of a graph: which tensors are state (inputs
 without the batch dim) and, for an indexed write, which batch inputs its positions come from
-(the graph's placeholders behind the index tensors) and whether each has a pad value.
+(the graph's placeholders behind the index tensors) and whether each has a pad value. Of a
+write at several indices (`cache[slot, :, pos] = k`), only the index that chooses the row needs
+one (`StateWrites._deciding_index`): a trash slot takes every element a padded row writes.
 
-    writes = StateWrites(placeholders, args, names, batch_inputs, padded, env, current_node)
+    writes = StateWrites(placeholders, args, names, batch, batch_inputs, padded, env, current)
     check_op(func, args, kwargs, out, batch, writes.state)
 """
 
@@ -21,7 +23,7 @@ import torch
 from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from cgcompile.passes.batch_rules import State
+from cgcompile.passes.batch_rules import BatchDims, State
 
 
 class StateWrites:
@@ -32,6 +34,7 @@ class StateWrites:
         placeholders: Sequence[fx.Node],
         args: Sequence[Any],
         names: Sequence[str],
+        batch: BatchDims,
         batch_inputs: Collection[int],
         padded: Collection[int],
         env: Callable[[], dict[fx.Node, Any]],
@@ -44,6 +47,7 @@ class StateWrites:
             if isinstance(a, torch.Tensor) and i not in batch_inputs
         }
         self._names = names
+        self._batch = batch
         self._batch_inputs = set(batch_inputs)
         self._padded = set(padded)
         self._env = env
@@ -56,18 +60,48 @@ class StateWrites:
         return StorageWeakRef(t.untyped_storage()) in self._owners
 
     def _indexed_write(self, dst: torch.Tensor, index: list[torch.Tensor]) -> str | None:
-        sources = self._sources(index) & self._batch_inputs
-        missing = sorted(sources - self._padded)
+        deciding, others = self._deciding_index(index)
+        missing = sorted((self._sources(deciding) & self._batch_inputs) - self._padded)
         if not missing:
             return None
         state = self._names[self._owners[StorageWeakRef(dst.untyped_storage())]]
         inputs = [self._names[i] for i in missing]
+        if not others:
+            return (
+                f"writes state {state} at rows read from {inputs}, which have no declared pad "
+                f"value: padded rows would write there (at 0) where an eager call writes "
+                f"nothing; declare one with cgcompile.mark_dynamic_batch(t, pad_value=...), "
+                f"e.g. a slot no row reads"
+            )
+        ignored = sorted((self._sources(others) & self._batch_inputs) - set(missing))
         return (
-            f"writes state {state} at rows read from {inputs}, which have no declared pad "
-            f"value: padded rows would write there (at 0) where an eager call writes nothing; "
-            f"declare one with cgcompile.mark_dynamic_batch(t, pad_value=...), e.g. a slot no "
-            f"row reads"
+            f"writes state {state} at rows chosen by an index read from {inputs}, which have "
+            f"no declared pad value: padded rows would write the rows their zeros choose, where "
+            f"an eager call writes nothing; declare one for {inputs} (the index that chooses the "
+            f"row) with cgcompile.mark_dynamic_batch(t, pad_value=...), e.g. a trash slot no row "
+            f"reads: padded rows then write only that slot, and the write's other indices (read "
+            f"from {[self._names[i] for i in ignored]}) need no pad value"
         )
+
+    def _deciding_index(
+        self, index: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The index tensors of a write (in the order of the dims they index) whose pad values
+        decide where its padded rows land, and the others. The first, the one that chooses the
+        row (`cache[slot, :, pos] = k`), decides alone when it has the batch in every broadcast
+        dim where another one has it: every element a padded row writes then takes its position
+        along that index's dim from the index's padded rows, so a trash slot there keeps the
+        whole write in the trash slot, whatever the other indices hold (their padded rows hold
+        zeros or their pad values, which must stay in range). An outer product
+        (`cache[slot[:, None], pos[None, :]]`) pairs real slots with padded positions: all decide.
+        """
+
+        def batch_dims(t: torch.Tensor) -> set[int]:  # counted from the end, as broadcast aligns
+            return {t.dim() - d for d, _ in self._batch.dims(t)}
+
+        if index and all(batch_dims(t) <= batch_dims(index[0]) for t in index[1:]):
+            return index[:1], index[1:]
+        return index, []
 
     def _sources(self, index: list[torch.Tensor]) -> set[int]:
         """Placeholders behind the index tensors: the nodes feeding the current one whose

@@ -1,6 +1,7 @@
 """Padding a batch never changes what the caller sees: graphs whose result padding could change
 run the sizes they would pad without graphs (warned once, naming the op); row-wise graphs,
-LLM-style ones included, keep padding."""
+LLM-style ones included, keep padding, and so does a KV-cache write at (slot, position) with a
+pad value on the slot, the index that chooses the row."""
 
 from __future__ import annotations
 
@@ -146,3 +147,101 @@ def test_a_check_whose_graph_never_ran_does_not_call_it_safe():
     cgcompile.mark_dynamic_batch(x)
     torch.compile(lambda x: x * 2, backend=backend, fullgraph=True)(x)
     assert verdicts == ["could not be checked for padding (the graph did not run)"]
+
+
+class SlotPositionCache(torch.nn.Module):
+    """Writes each row's key at (its slot, its position) of a KV cache, then reads its slot's
+    positions; slot TRASH is a trash slot no row reads."""
+
+    SLOTS, LENGTH = 8, 16
+    TRASH = SLOTS
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.proj = torch.nn.Linear(8, 8)
+        self.register_buffer("cache", torch.zeros(self.SLOTS + 1, 2, self.LENGTH, 4))
+
+    def forward(self, h: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        k = self.proj(h).view(-1, 2, 4)
+        if self.how == "setitem":
+            self.cache[slot, :, pos] = k
+        else:
+            self.cache.index_put_((slot[:, None], torch.arange(2), pos[:, None]), k)
+        return self.cache[slot].sum(2).flatten(1) + k.flatten(1)
+
+
+SLOT_CALLS = [3, 5, 3, 4, 5, 3, 8]  # padded (3 -> 4, 5 -> 8) and exact sizes, repeated
+
+
+def run_slot_cache(how: str, pad: str | None, caplog) -> SlotPositionCache:
+    """The compiled model and an eager copy on the same batches, `pad` (`slot`, `pos`) the
+    input with a pad value; asserts outputs and every cache row but the trash one each call."""
+    torch.manual_seed(0)
+    model = SlotPositionCache(how)
+    eager = copy.deepcopy(model)
+    compiled = compile_model(model, "FULL")
+    gen = torch.Generator().manual_seed(0)
+    trash = SlotPositionCache.TRASH
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="cgcompile"):
+        for n in SLOT_CALLS:
+            h = torch.randn(n, 8)
+            slot = torch.randperm(SlotPositionCache.SLOTS, generator=gen)[:n]
+            pos = torch.randint(0, SlotPositionCache.LENGTH, (n,), generator=gen)
+            cgcompile.mark_dynamic_batch(h, slot, pos)
+            if pad == "slot":
+                cgcompile.mark_dynamic_batch(slot, pad_value=trash)
+            elif pad == "pos":  # the last position: still in every real slot
+                cgcompile.mark_dynamic_batch(pos, pad_value=SlotPositionCache.LENGTH - 1)
+            torch.testing.assert_close(compiled(h, slot, pos), eager(h, slot, pos))
+            torch.testing.assert_close(model.cache[:trash], eager.cache[:trash])
+    return model
+
+
+@pytest.mark.parametrize("how", ["setitem", "index_put_"])
+def test_a_pad_value_on_the_index_that_chooses_the_row_pads_the_write(how, caplog):
+    with cgcompile.counters.expect(num_eager_fallbacks=0, num_cudagraph_captured=2):  # 4 and 8
+        model = run_slot_cache(how, "slot", caplog)
+    assert model.cache[SlotPositionCache.TRASH].abs().sum() > 0  # padded rows wrote the trash
+    assert cgcompile.compiled_graphs()[-1].plan.pad_unsafe is None
+    assert not [m for m in caplog.messages if "not padded" in m]
+
+
+@pytest.mark.parametrize("pad", [None, "pos"], ids=["no_pad_value", "pad_value_on_pos"])
+def test_a_write_whose_row_index_has_no_pad_value_is_not_padded(pad, caplog):
+    """Padded rows would write real slots (slot 0), whatever `pos` holds: the message names the
+    slot as the input to declare."""
+    padded_calls = sum(n not in (4, 8) for n in SLOT_CALLS)
+    with cgcompile.counters.expect(num_eager_fallbacks=padded_calls):
+        run_slot_cache("setitem", pad, caplog)
+    (unpadded,) = [m for m in caplog.messages if "not padded" in m]
+    declare = unpadded.split("declare one for ")[1].split(" with ")[0]
+    assert declare == """["L['slot']"] (the index that chooses the row)""", unpadded
+    assert "other indices (read from [\"L['pos']\"]) need no pad value" in unpadded
+
+
+def test_an_outer_product_write_needs_every_index_pad_value():
+    """`cache[slot[:, None], pos[None, :]]` pairs real slots with padded rows' positions: a pad
+    value on the slot alone does not keep padded rows out of real slots."""
+    cache = torch.zeros(5, 16, 4)
+
+    def outer(slot: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cache.index_put_((slot[:, None], pos[None, :]), torch.ones(4))
+        return slot * 2
+
+    verdicts = []
+
+    def backend(gm, example_inputs):
+        plan = plan_inputs(gm, example_inputs)
+        names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        slot_only = [i for i, name in enumerate(names) if "slot" in name]
+        safety = check_pad_safety(
+            gm, example_inputs, plan.batch_exprs, names=names, padded=slot_only
+        )
+        verdicts.append(safety.reason)
+        return gm.forward
+
+    slot, pos = torch.arange(3), torch.arange(3)
+    cgcompile.mark_dynamic_batch(slot, pos)
+    torch.compile(outer, backend=backend, fullgraph=True)(slot, pos)
+    assert verdicts[0] is not None and "rows read from ['l_pos_']" in verdicts[0], verdicts
