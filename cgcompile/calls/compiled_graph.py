@@ -167,12 +167,14 @@ class CompiledGraph:
         `Handed.handed` per output): it runs right after Dynamo's guard check, caches cold,
         where every frame and object costs. Reads `args` only at `steady_reads`: a caller may
         pass a mapping of those (`PaddedBatchOne`, `any_ready=False`: a key whose `ReadyCall`
-        is not `inline` is a MISS, as its call reads every argument)."""
+        is not `inline` is a MISS, as its call reads every argument, and so is every call while
+        `trusted` watches one, to see the graph in `RETURNED`)."""
         if (
             self.owner.ident != threading.get_ident()
             or FORWARD_CONTEXT.get() is not None
             or not self.uses_graphs
             or self.capture_turns is not None
+            or (not any_ready and RETURNED.get() is not None)  # `trusted` sees `__call__`s
         ):
             return MISS
         instances = self.instances
@@ -180,9 +182,16 @@ class CompiledGraph:
         if reps is None:
             slot = instances.known_slot(args)  # a graph without parameters or buffers
         else:
-            slot = instances.by_reps.get((id(args[reps[0]]), id(args[reps[1]])))
-            if slot is not None and instances.slots[slot].checked != EVENTS.count:
-                slot = None  # a parameter event since its last full check
+            first, last = args[reps[0]], args[reps[1]]
+            slot = instances.by_reps.get((id(first), id(last)))
+            if slot is not None:
+                instance = instances.slots[slot]
+                if (
+                    instance.checked != EVENTS.count  # a parameter event since its full check
+                    or first.data_ptr() != instance.first_address  # moved: `.data`, `.to()`
+                    or last.data_ptr() != instance.last_address
+                ):
+                    slot = None
         if slot is None or (self.plan.in_place and not instances.same_in_place(slot, args)):
             return MISS
         batch = self.plan.batch_tensors

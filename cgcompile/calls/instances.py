@@ -12,16 +12,20 @@ writes in place and the example call `capture_all` records with.
 
 The check costs O(1) per call in the steady state, whatever the model's size: two
 representative tensors, the first and the last parameter among the static inputs (buffers, such
-as rotary tables, are often shared by the instances of a layer), name the slot, and the
-identity of all static tensors is compared again only after a *parameter event*, counted
-process-wide (`EVENTS`): a parameter, buffer or submodule assigned to any module (torch's global
-registration hooks: `module.weight = p`, `register_buffer`, `load_state_dict(assign=True)`) or a
-static tensor of a slot freed (its weak reference's callback). Not seen: writes that bypass the
-module (`module._parameters[name] = t`, as `torch.func.functional_call` does, or `p.data = t`;
-assign through the module, or copy into the parameter, `p.copy_(t)`, which keeps its address),
-and two instances of one class that share both representatives but not every parameter, when
-neither was built after the other's first call (a built module registers its parameters: an
-event).
+as rotary tables, are often shared by the instances of a layer), name the slot by their identity
+and must be at the addresses they had, and the identity and address of all static tensors are
+compared again only after a *parameter event*, counted process-wide (`EVENTS`): a parameter,
+buffer or submodule assigned to any module (torch's global registration hooks: `module.weight =
+p`, `register_buffer`, `load_state_dict(assign=True)`) or a static tensor of a slot freed (its
+weak reference's callback), or after a representative moved (`p.data = t` on it, and
+`model.half()` or `.to(...)`, which swap every parameter's `.data`). A slot whose tensors are
+the same but moved keeps its number and loses its graphs (`on_drop`): they read the old
+addresses. Not seen: writes that bypass the module (`module._parameters[name] = t`, as
+`torch.func.functional_call` does) and `p.data = t` on a parameter other than the two
+representatives (assign through the module, or copy into the parameter, `p.copy_(t)`, which
+keeps its address), and two instances of one class that share both representatives but not
+every parameter, when neither was built after the other's first call (a built module registers
+its parameters: an event).
 
     slots = InstanceSlots(plan.static_tensors, plan.in_place, on_drop=forget, borrow=borrow)
     slot = slots.slot_of(args)          # None: more live instances than MAX_INSTANCES
@@ -78,8 +82,14 @@ class Instance:
     """`id` of each static tensor, in input order: the instance's identity while all live."""
     refs: list[weakref.ref[torch.Tensor]]
     checked: int = -1
-    """`EVENTS.count` when `ids` were last compared in full: until the next event, the first
-    static tensor alone names this instance."""
+    """`EVENTS.count` when `ids` were last compared in full: until the next event, the two
+    representatives alone name this instance."""
+    addresses: tuple[int, ...] = ()
+    """`data_ptr` of each static tensor at the last full check: what its graphs read."""
+    first_address: int = 0
+    last_address: int = 0
+    """`data_ptr` of the two representatives then; a call that finds them elsewhere is checked
+    in full (`CompiledGraph.steady` reads these, inlined)."""
     in_place_ptrs: tuple[int, ...] | None = None
     """Addresses of the inputs written in place, at this instance's first call."""
     example: list[Any] | None = None
@@ -131,9 +141,16 @@ class InstanceSlots:
         reps = self.reps
         if reps is None:
             return 0 if not self._static and self.slots else None
-        slot = self.by_reps.get((id(args[reps[0]]), id(args[reps[1]])))
-        if slot is not None and self.slots[slot].checked == EVENTS.count:
-            return slot
+        first, last = args[reps[0]], args[reps[1]]
+        slot = self.by_reps.get((id(first), id(last)))
+        if slot is not None:
+            instance = self.slots[slot]
+            if (
+                instance.checked == EVENTS.count
+                and first.data_ptr() == instance.first_address
+                and last.data_ptr() == instance.last_address
+            ):
+                return slot
         return None
 
     @property
@@ -150,10 +167,19 @@ class InstanceSlots:
             slot = self._add(ids, statics)
             if slot is None:
                 return None
-        self.slots[slot].checked = EVENTS.count
+        instance = self.slots[slot]
+        instance.checked = EVENTS.count
+        addresses = tuple(t.data_ptr() for t in statics)
+        if instance.addresses != addresses:
+            if instance.addresses:  # the same tensors moved: `.data` swapped, `.to(...)`
+                instance.in_place_ptrs = None
+                self._on_drop(slot)
+            instance.addresses = addresses
         if self.reps is None:
             params = [i for i in self._static if isinstance(args[i], torch.nn.Parameter)]
             self.reps = (params[0], params[-1]) if params else (self._static[0], self._static[-1])
+        instance.first_address = args[self.reps[0]].data_ptr()
+        instance.last_address = args[self.reps[1]].data_ptr()
         pair = (id(args[self.reps[0]]), id(args[self.reps[1]]))
         if pair not in self._shared:
             owner = self.by_reps.setdefault(pair, slot)

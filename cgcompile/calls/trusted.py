@@ -6,17 +6,38 @@ which grows with the model. A caller who promises not to change the model after 
 skip all of it: `trusted(compiled)` returns a callable that, for a call whose graph key was
 captured and replayed before (a `ReadyCall`), copies the call's tensors into the static buffers
 and replays, with parameters and buffers bound once (it holds them). Any other call goes
-through the compiled model as usual (Dynamo compiles, cgcompile captures), and the bindings are
-read again.
+through the compiled model as usual (Dynamo compiles, cgcompile captures), watching which
+`CompiledGraph` it ran (`RETURNED`), and binds that graph: the graphs of its own compiled model,
+never another compile's (every compile of a class, of any backend, shares the forward's code
+object and so Dynamo's cache).
 
-What it still checks per call, falling back to the compiled model (which recompiles if need
-be): positional arguments only, as many as at binding; each tensor argument's dtype and rank;
-grad mode. What it does not check (the promise): the model's parameters and buffers (replaced
-ones are not seen: their old tensors are used), its Python attributes and hooks, global flags,
-tensor arguments' devices and non-batch sizes. It refuses, with one WARNING, and then always
-calls the compiled model: a forward with graph breaks or non-batch int inputs, and one that
-returns anything but a graph output or a tuple or list of them (Python work after the graph
-would be skipped).
+What it still checks per call, falling back to the compiled model (which recompiles, or
+recaptures, if need be): positional arguments only, as many as at binding; each tensor
+argument's dtype and rank; grad mode; and, in O(1) whatever the model's size, what the compiled
+model's own instance check sees (`instances`): no parameter event since binding (a parameter,
+buffer or submodule assigned to any module: `model.w = nn.Parameter(...)`,
+`load_state_dict(assign=True)`) and the graph's two representative parameters at the addresses
+they had (`p.data = t` on either, `model.half()`, `.to(dtype or device)`). What it does not
+check (the promise): `p.data = t` on another parameter, writes that bypass the module
+(`module._parameters[name] = t`), the model's Python attributes and hooks, global flags, tensor
+arguments' devices and non-batch sizes. It refuses, with one WARNING, and then always calls the
+compiled model: a forward with graph breaks or non-batch int inputs, one that returns anything
+but a graph output or a tuple or list of them (Python work after the graph would be skipped),
+and a call that ran no graph of backend='cudagraph_modes'.
+
+Why cgcompile drops none of Dynamo's guards (torch 2.13's source; issue 41): a backend cannot
+filter the guards of its own graphs. `torch.compile` pops `guard_filter_fn` out of `options`
+into Dynamo's hooks before the backend is built, and Dynamo builds the guards from those hooks
+after the backend returned; the backend gets only the graph and its options. The example Llama
+has ~134 guards per layer, 11 of them tensor guards on parameters and buffers, the ones
+cgcompile could replace: dropping them (`options={"guard_filter_fn": ...}`) took the guard check
+of 16 layers from 48 to 20 us (development CPU, one run beside a test run), the rest (hooks
+dicts, attributes, types, constants such as `training`) still growing with depth. Not shipped:
+it is less safe than the default. cgcompile sees per call only the two representatives' identity
+and address, so a partial move (`model.layers[3].half()`, `.to()` of one submodule,
+`requires_grad_()` or a reshaped `.data` on another parameter) would replay graphs traced and
+captured for the old tensors, and a replaced parameter of another dtype or shape, seen at the
+next full check, cannot make Dynamo recompile from inside a call.
 
     fast = cgcompile.trusted(compiled)     # after warm-up calls of the compiled model
     logits = fast(tokens, positions)
@@ -35,6 +56,7 @@ import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from cgcompile.calls.compiled_graph import RETURNED, CompiledGraph
+from cgcompile.calls.instances import EVENTS
 from cgcompile.errors import CGCompileError
 
 logger = logging.getLogger(__name__)
@@ -56,8 +78,29 @@ class _Binding:
     """Every placeholder's value; the caller's tensors and sizes are replaced per call."""
     checks: tuple[tuple[int, torch.dtype, int], ...]
     """(argument position, dtype, rank) of the tensor arguments at binding."""
+    events: int = -1
+    """`EVENTS.count` at binding: a parameter, buffer or submodule assigned since (anywhere)
+    makes calls go through the compiled model, which checks the instance, and binds again."""
+    first: torch.Tensor | None = None
+    last: torch.Tensor | None = None
+    """The graph's two representative static tensors (`InstanceSlots.reps`) as bound; None for
+    a graph without parameters or buffers."""
+    first_address: int = 0
+    last_address: int = 0
+    """Their `data_ptr` at binding: found elsewhere (`p.data = t`, `model.half()`,
+    `.to(...)`), calls go through the compiled model, whose check drops the moved graphs."""
     returns: str | None = None
     """How the forward's return is made from the graph's outputs: 'first', 'tuple', 'list'."""
+
+    def is_current(self) -> bool:
+        """Whether the model is as bound, as far as an O(1) check sees (the per-call check)."""
+        first = self.first
+        return self.events == EVENTS.count and (
+            first is None
+            or (
+                first.data_ptr() == self.first_address and self.last.data_ptr() == self.last_address
+            )
+        )
 
 
 class TrustedCall:
@@ -98,7 +141,13 @@ class TrustedCall:
             return self._through_dynamo(args, kwargs)
         n = args[self._batch_arg].shape[0]
         binding = self._bindings.get(n) or self._bindings.get(None)
-        if binding is None or binding.returns is None:
+        if binding is None or binding.returns is None or binding.events != EVENTS.count:
+            return self._through_dynamo(args, kwargs)
+        first = binding.first  # `is_current`, inlined
+        if first is not None and (
+            first.data_ptr() != binding.first_address
+            or binding.last.data_ptr() != binding.last_address
+        ):
             return self._through_dynamo(args, kwargs)
         for position, dtype, rank in binding.checks:
             arg = args[position]
@@ -140,39 +189,38 @@ class TrustedCall:
         return result
 
     def _bind(self, args: tuple[Any, ...], returned: list[Any], result: Any) -> None:
+        """Bind the graph this call of the compiled model ran (never another compile's: the
+        forward's code object, and so Dynamo's cache, is shared by every compile of the class)."""
         if self._grad is not torch.is_grad_enabled():
             self._grad = torch.is_grad_enabled()
             self._bindings.clear()
-        graphs = self._graphs()
-        for graph in graphs:
-            if not graph.uses_graphs:  # e.g. the graph of the other grad mode
-                continue
-            key = graph.plan.static_batch
-            if key not in self._bindings or self._bindings[key].graph is not graph:
-                self._bindings[key] = self._binding(graph, args)
-        if len(returned) == 1:
-            graph, out = returned[0]
-            binding = self._bindings.get(graph.plan.static_batch)
-            if binding is not None and binding.graph is graph:
-                binding.returns = _returns(result, out)
+        if not returned:
+            raise CGCompileError(
+                "cgcompile.trusted needs backend='cudagraph_modes': no graph of it ran in this call"
+            )
+        if len(returned) > 1:
+            raise _graph_break(self._function)
+        graph, out = returned[0]
+        if not graph.uses_graphs:  # e.g. the graph of the other grad mode
+            return
+        self._check_one_frame(graph)
+        key = graph.plan.static_batch
+        binding = self._bindings.get(key)
+        if binding is None or binding.graph is not graph or not binding.is_current():
+            self._bindings[key] = self._binding(graph, args)
+        self._bindings[key].returns = _returns(result, out)
 
-    def _graphs(self) -> list[CompiledGraph]:
-        entries = _debug_get_cache_entry_list(self._function.__code__)
-        graphs = []
-        for entry in entries:
+    def _check_one_frame(self, graph: CompiledGraph) -> None:
+        """Raise unless `graph` is the only graph of a cache entry of the forward itself (a
+        graph break leaves Python work between graphs, which replaying one would skip)."""
+        for entry in _debug_get_cache_entry_list(self._function.__code__):
             names = [n for n in entry.code.co_names if n.startswith("__compiled_fn")]
+            if graph not in (_compiled_graph(self._function.__globals__.get(n)) for n in names):
+                continue  # another compile's entry, of this or another backend
             if len(names) != 1 or any(n.startswith("__resume_at") for n in entry.code.co_names):
-                raise CGCompileError(
-                    f"cgcompile.trusted: {self._function.__qualname__} compiles to more than one "
-                    f"graph (a graph break); compile it with fullgraph=True to find the break"
-                )
-            graph = self._function.__globals__.get(names[0])
-            while graph is not None and not isinstance(graph, CompiledGraph):
-                graph = getattr(graph, "__wrapped__", None)
-            if graph is None:
-                raise CGCompileError("cgcompile.trusted needs backend='cudagraph_modes'")
-            graphs.append(graph)
-        return graphs
+                raise _graph_break(self._function)
+            return
+        raise _graph_break(self._function)
 
     def _binding(self, graph: CompiledGraph, args: tuple[Any, ...]) -> _Binding:
         if graph._sized:
@@ -198,7 +246,27 @@ class TrustedCall:
                 "cgcompile.trusted: the graph has no batch input the caller passes"
             )
         self._batch_arg = batch_arg
-        return _Binding(graph, slot, tuple(user), batch_arg, template, checks)
+        binding = _Binding(graph, slot, tuple(user), batch_arg, template, checks, EVENTS.count)
+        reps = graph.instances.reps
+        if reps is not None:
+            binding.first, binding.last = template[reps[0]], template[reps[1]]
+            binding.first_address = binding.first.data_ptr()
+            binding.last_address = binding.last.data_ptr()
+        return binding
+
+
+def _compiled_graph(function: Any) -> CompiledGraph | None:
+    """The `CompiledGraph` a compiled function Dynamo installed calls, else None."""
+    while function is not None and not isinstance(function, CompiledGraph):
+        function = getattr(function, "__wrapped__", None)
+    return function
+
+
+def _graph_break(function: Any) -> CGCompileError:
+    return CGCompileError(
+        f"cgcompile.trusted: {function.__qualname__} compiles to more than one graph (a graph "
+        f"break); compile it with fullgraph=True to find the break"
+    )
 
 
 def _value(name: str, frame: dict[str, Any], globals_: dict[str, Any], args: Any) -> Any:

@@ -1,0 +1,145 @@
+"""`cgcompile.trusted` binds the graphs its own compiled model ran, whatever else the process
+compiled from the same class, and replays them only while the model is as it was bound."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import cgcompile
+from tests.support.state import compile_model
+from tests.unit.test_host_path import Net
+
+
+def _ten_line_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+    return gm.forward
+
+
+def _steps(fast, eager: nn.Module, calls: int = 4, dtype: torch.dtype = torch.float32) -> None:
+    with torch.no_grad(), cgcompile.batch_hint(uniform_decode=True):
+        for _ in range(calls):
+            x = torch.randn(4, 4, dtype=dtype)
+            cgcompile.mark_dynamic_batch(x)
+            torch.testing.assert_close(fast(x), eager(x))
+
+
+def _replays_without_dynamo(fast, eager: nn.Module) -> None:
+    _steps(fast, eager)  # warm-up, capture, first replay through the compiled model
+    through = fast.calls_through_dynamo
+    _steps(fast, eager)
+    assert fast.refused is None and fast.calls_through_dynamo == through
+
+
+@pytest.mark.parametrize("other", ["eager", _ten_line_backend], ids=["eager", "custom"])
+def test_trusted_binds_its_graphs_beside_another_backends_compile_of_the_class(other):
+    torch.manual_seed(0)
+    model = Net().eval()
+    elsewhere = torch.compile(model, backend=other)
+    fast = cgcompile.trusted(compile_model(model, "FULL"))
+    _steps(elsewhere, model)  # the other backend's entry is in the forward's cache first
+    _replays_without_dynamo(fast, model)
+    _steps(elsewhere, model)
+
+
+def test_trusted_binds_its_own_instance_of_two_compiled_with_cudagraph_modes():
+    torch.manual_seed(0)
+    first, second = Net().eval(), Net().eval()
+    fast = [cgcompile.trusted(compile_model(m, "FULL")) for m in (first, second)]
+    for _ in range(2):
+        for f, m in zip(fast, (first, second), strict=True):
+            _steps(f, m, calls=3)
+    for f, m in zip(fast, (first, second), strict=True):
+        _replays_without_dynamo(f, m)
+
+
+def test_trusted_binds_its_own_compile_of_two_with_other_options():
+    torch.manual_seed(0)
+    model = Net().eval()
+    piecewise = cgcompile.trusted(compile_model(model, "PIECEWISE"))
+    full = cgcompile.trusted(compile_model(model, "FULL"))
+    for fast in (piecewise, full, piecewise):
+        _replays_without_dynamo(fast, model)
+    assert piecewise._bindings[None].graph is not full._bindings[None].graph
+
+
+def _warm(mode: str = "FULL"):
+    torch.manual_seed(0)
+    model = Net().eval()
+    eager = copy.deepcopy(model)
+    fast = cgcompile.trusted(compile_model(model, mode))
+    _replays_without_dynamo(fast, model)
+    return fast, model, eager
+
+
+def _through_then_replays(fast, model: nn.Module, eager: nn.Module, dtype=torch.float32) -> None:
+    """The next call goes through the compiled model; a few later ones replay again; every
+    output equals eager's."""
+    through = fast.calls_through_dynamo
+    _steps(fast, eager, 6, dtype)
+    assert 1 <= fast.calls_through_dynamo - through <= 4  # warm-up, capture, first replay
+    through = fast.calls_through_dynamo
+    _steps(fast, eager, 4, dtype)
+    assert fast.calls_through_dynamo == through
+
+
+def _swap_data(model: nn.Module, eager: nn.Module, name: str) -> None:
+    new = torch.randn_like(model.get_parameter(name))
+    model.get_parameter(name).data = new
+    eager.get_parameter(name).data = new.clone()
+
+
+@pytest.mark.parametrize("name", ["a.weight", "b.bias"], ids=["first", "last"])
+def test_trusted_sees_a_swapped_data_and_recaptures(name):
+    fast, model, eager = _warm()
+    with cgcompile.counters.expect(num_cudagraph_captured=1):  # its graphs read the old data
+        _swap_data(model, eager, name)
+        _through_then_replays(fast, model, eager)
+
+
+def test_the_compiled_model_sees_a_swapped_data_and_recaptures():
+    torch.manual_seed(0)
+    model = Net().eval()
+    eager = copy.deepcopy(model)
+    compiled = compile_model(model, "FULL")
+    _steps(compiled, eager)
+    with cgcompile.counters.expect(num_cudagraph_captured=1):
+        _swap_data(model, eager, "a.weight")
+        _steps(compiled, eager)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["double", "bfloat16"])
+def test_trusted_sees_a_dtype_move_after_warm_up(dtype):
+    fast, model, eager = _warm()
+    model.to(dtype)
+    eager.to(dtype)
+    _through_then_replays(fast, model, eager, dtype)
+
+
+def test_trusted_sees_a_replaced_parameter():
+    fast, model, eager = _warm()
+    weight = torch.randn(4, 4)
+    model.b.weight = nn.Parameter(weight)
+    eager.b.weight = nn.Parameter(weight.clone())
+    _through_then_replays(fast, model, eager)
+
+
+def test_trusted_sees_load_state_dict_with_assign():
+    fast, model, eager = _warm()
+    state = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+    model.load_state_dict(state, assign=True)
+    eager.load_state_dict(state)
+    _through_then_replays(fast, model, eager)
+
+
+def test_trusted_replays_after_load_state_dict_in_place():
+    """Copied into the parameters (the default): same addresses, the graphs read the new values."""
+    fast, model, eager = _warm()
+    state = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    eager.load_state_dict(state)
+    through = fast.calls_through_dynamo
+    _steps(fast, eager)
+    assert fast.calls_through_dynamo == through
