@@ -60,11 +60,20 @@ class StateWrites:
         return StorageWeakRef(t.untyped_storage()) in self._owners
 
     def _indexed_write(self, dst: torch.Tensor, index: list[torch.Tensor]) -> str | None:
+        state = self._names[self._owners[StorageWeakRef(dst.untyped_storage())]]
+        if any(self._batch.dims(t) and not self._sources([t]) & self._batch_inputs for t in index):
+            # e.g. `cache[arange(n), :, pos] = k`: no pad value can steer the padded rows
+            return (
+                f"writes state {state} at rows computed from the batch size (e.g. "
+                f"torch.arange(n)), not read from an input: padded rows would write the rows "
+                f"after the real ones, where an eager call writes nothing; pass the rows as an "
+                f"input and declare its pad value with cgcompile.mark_dynamic_batch(t, "
+                f"pad_value=...), e.g. a trash slot no row reads"
+            )
         deciding, others = self._deciding_index(index)
         missing = sorted((self._sources(deciding) & self._batch_inputs) - self._padded)
         if not missing:
             return None
-        state = self._names[self._owners[StorageWeakRef(dst.untyped_storage())]]
         inputs = [self._names[i] for i in missing]
         if not others:
             return (

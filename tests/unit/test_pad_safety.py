@@ -166,6 +166,8 @@ class SlotPositionCache(torch.nn.Module):
         k = self.proj(h).view(-1, 2, 4)
         if self.how == "setitem":
             self.cache[slot, :, pos] = k
+        elif self.how == "arange":  # rows from the batch size, as a decode step may number them
+            self.cache[torch.arange(k.shape[0]), :, pos] = k
         else:
             self.cache.index_put_((slot[:, None], torch.arange(2), pos[:, None]), k)
         return self.cache[slot].sum(2).flatten(1) + k.flatten(1)
@@ -218,6 +220,16 @@ def test_a_write_whose_row_index_has_no_pad_value_is_not_padded(pad, caplog):
     declare = unpadded.split("declare one for ")[1].split(" with ")[0]
     assert declare == """["L['slot']"] (the index that chooses the row)""", unpadded
     assert "other indices (read from [\"L['pos']\"]) need no pad value" in unpadded
+
+
+def test_rows_computed_from_the_batch_size_are_not_padded_whatever_is_declared(caplog):
+    """`cache[arange(n), :, pos] = k`: padded rows would write rows n.. (real ones) and no pad
+    value steers them, so padded sizes run without graphs, and the message says why."""
+    padded_calls = sum(n not in (4, 8) for n in SLOT_CALLS)
+    with cgcompile.counters.expect(num_eager_fallbacks=padded_calls):
+        run_slot_cache("arange", "pos", caplog)
+    (unpadded,) = [m for m in caplog.messages if "not padded" in m]
+    assert "rows computed from the batch size (e.g. torch.arange(n))" in unpadded
 
 
 def test_an_outer_product_write_needs_every_index_pad_value():
