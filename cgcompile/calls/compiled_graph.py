@@ -425,8 +425,8 @@ def capture_all(progress: bool = True, background: bool = False) -> int | Backgr
     instance; keys captured before are not counted, so a second call returns 0. `progress`: a
     tqdm bar.
 
-    `background=True`: returns a `BackgroundCapture` at once and records the graphs on a
-    thread of its own while this thread's calls go on (`runtime.background`): each call
+    `background=True`: returns a `BackgroundCapture` once its thread is set up and records the
+    graphs on that thread while this thread's calls go on (`calls.background`): each call
     replays what is captured so far and waits for at most one capture; `.wait()` returns the
     graphs recorded meanwhile.
     """
