@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._families import NAMES, build  # noqa: E402
+from benchmarks._timing import _loop_ms as loop_ms  # noqa: E402
 from benchmarks._timing import sync  # noqa: E402
 
 PEERS = {
@@ -35,24 +36,6 @@ PEERS = {
     "FULL_AND_PIECEWISE/whole": {"full_graph_compile": "whole"},
 }
 BATCHES = (1, 8)
-
-
-def loop_ms(step: Any, steps: int, device: torch.device) -> float:
-    """ms per step over `steps` back-to-back calls (CUDA events; wall clock on CPU)."""
-    if device.type != "cuda":
-        import time
-
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        return (time.perf_counter() - start) * 1e3 / steps
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(steps):
-        step()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / steps
 
 
 def main() -> int:
@@ -84,7 +67,7 @@ def main() -> int:
             order = names[r % len(names) :] + names[: r % len(names)]
             for b in BATCHES:
                 for peer in order:
-                    times[peer, b].append(loop_ms(steps[peer, b], args.steps, device))
+                    times[peer, b].append(loop_ms(steps[peer, b], device, args.steps) / args.steps)
     result: dict[str, Any] = {"family": args.family, "device": str(device), "rows": []}
     if cuda:
         result |= {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
