@@ -114,17 +114,18 @@ def _hf(name: str, device: str, dtype: torch.dtype, quick: bool) -> Family:
     seeds = iter(range(10**9))
 
     def inputs(n: int) -> Inputs:
-        if n not in caches:
-            caches[n] = transformers.StaticCache(config=config, max_cache_len=HF_CACHE_LEN)
         g = torch.Generator().manual_seed(next(seeds))
         step = int(torch.randint(0, HF_CACHE_LEN, (1,), generator=g))
         kwargs = {
             "input_ids": torch.randint(1, config.vocab_size, (n, 1), generator=g).to(device),
             "position_ids": torch.full((n, 1), step, device=device),
             "cache_position": torch.tensor([step], device=device),
-            "past_key_values": caches[n],
             "use_cache": True,
         }
-        return (), kwargs
+        if n not in caches:  # made by an eager call, as generate()'s uncompiled prefill does
+            caches[n] = transformers.StaticCache(config=config, max_cache_len=HF_CACHE_LEN)
+            with torch.no_grad():
+                model(**kwargs, past_key_values=caches[n])
+        return (), kwargs | {"past_key_values": caches[n]}
 
     return Family(name, model, inputs, hint=False, sizes=(1, 2, 4, 8))

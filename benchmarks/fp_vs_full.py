@@ -1,7 +1,7 @@
 """FULL_AND_PIECEWISE's decode steps against FULL's, on each model family, peers in turns.
 
-One process per family (`--family`): three copies of the model compiled as `FULL`,
-`FULL_AND_PIECEWISE` (its full graphs replay the pieces, the default) and
+One process per family (`--family`): three builds of the model (each with its own state)
+compiled as `FULL`, `FULL_AND_PIECEWISE` (its full graphs replay the pieces, the default) and
 `FULL_AND_PIECEWISE/whole` (`full_graph_compile="whole"`). Each captures its decode graphs at
 batch 1 and 8; then, in `--rounds` rounds whose peer order rotates, each peer replays `--steps`
 back-to-back decode steps on fixed random inputs, timed with CUDA events (no host syncs inside
@@ -15,7 +15,6 @@ its ratio to FULL in the same round.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
@@ -48,18 +47,21 @@ def main() -> int:
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.quick
     device = torch.device("cuda" if cuda else "cpu")
-    family = build(args.family, device.type, torch.bfloat16 if cuda else torch.float32, args.quick)
+    dtype = torch.bfloat16 if cuda else torch.float32
     extra = {} if cuda else {"graph_runtime": "simulated", "compiler": "eager"}
     steps: dict[tuple[str, int], Any] = {}
     with torch.inference_mode():
         for peer, options in PEERS.items():
-            model = copy.deepcopy(family.model)
-            compiled = torch.compile(model, backend="cudagraph_modes", options=options | extra)
+            # a family per peer: its own model and state (an HF model's static caches)
+            family = build(args.family, device.type, dtype, args.quick)
+            compiled = torch.compile(
+                family.model, backend="cudagraph_modes", options=options | extra
+            )
             for b in BATCHES:
                 inputs = family.inputs(b)
                 for _ in range(3):  # warm-up, capture, replay
                     family.run(compiled, inputs)
-                steps[peer, b] = lambda c=compiled, i=inputs: family.run(c, i)
+                steps[peer, b] = lambda c=compiled, i=inputs, f=family: f.run(c, i)
         sync(device)
         times: dict[tuple[str, int], list[float]] = {key: [] for key in steps}
         names = list(PEERS)

@@ -15,9 +15,10 @@ pieces, which the backend compiles and replays from CUDA graphs. Before and afte
 
 Rules: `getitem` nodes stay in their producer's piece, so tuples never cross a boundary; every
 `x.size()` (and `torch.Size([...])`) is first rewritten into per-dim `aten.sym_size.int` nodes
-or ints, on a copy of the graph (the caller's `gm` is left untouched); the original node order
-is kept, because the graph contains in-place mutations. No piece is empty, so a graph without
-any operation gives no pieces at all.
+or ints, and the boolean masks of the SDPA calls split off are made additive once
+(`passes.sdpa_masks`), on a copy of the graph (the caller's `gm` is left untouched); the
+original node order is kept, because the graph contains in-place mutations. No piece is empty,
+so a graph without any operation gives no pieces at all.
 
     result = split_graph(gm, OpMatcher(["silly::attention"]))
     [(item.name, item.is_splitting, item.ops) for item in result.items]
@@ -39,6 +40,7 @@ from torch.fx.node import map_aggregate
 from torch.fx.passes.split_module import split_module
 
 from cgcompile.passes.op_match import OpMatcher, describe
+from cgcompile.passes.sdpa_masks import convert_bool_masks
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,7 @@ def split_graph(gm: fx.GraphModule, matcher: OpMatcher) -> SplitResult:
     """Split `gm` at every node `matcher` matches; `gm` itself is not modified."""
     gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
     decompose_sizes(gm)
+    convert_bool_masks(gm, matcher)  # eager SDPA between pieces would convert them per call
     piece_of = _assign_pieces(gm, matcher)
     # keep original order: the graph has in-place mutations that a topological sort may reorder
     split_gm = split_module(
