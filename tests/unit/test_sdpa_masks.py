@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -105,13 +106,16 @@ def test_unsplit_graph_is_left_alone() -> None:
 class MaskedLayers(torch.nn.Module):
     """Layers that write a KV row per request and attend over it with a boolean mask."""
 
-    def __init__(self, layers: int = 3, rows: int = 9, keys: int = 16) -> None:
+    def __init__(self, layers: int = 3, rows: int = 9, keys: int = 16, strict: bool = False):
         super().__init__()
+        self.strict = strict  # keys < pos: a row at pos 0 allows no key
         self.proj = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(layers))
         self.register_buffer("cache", torch.zeros(layers, rows, 2, keys, 8))
 
     def forward(self, x: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        mask = (torch.arange(self.cache.shape[3]) <= pos[:, None])[:, None, None, :]
+        keys = torch.arange(self.cache.shape[3], device=x.device)
+        allowed = keys < pos[:, None] if self.strict else keys <= pos[:, None]
+        mask = allowed[:, None, None, :]
         h = x
         for i, proj in enumerate(self.proj):
             h = proj(h)
@@ -122,13 +126,14 @@ class MaskedLayers(torch.nn.Module):
         return h
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["every-row-allows-a-key", "empty-rows"])
 @settings(max_examples=8, deadline=None)
 @given(sizes=st.lists(st.integers(1, 8), min_size=1, max_size=4))
-def test_compiled_model_with_boolean_masks_equals_eager(sizes: list[int]) -> None:
+def test_compiled_model_with_boolean_masks_equals_eager(strict: bool, sizes: list[int]) -> None:
     """Calls of any batch (padded or not) leave outputs and the cache as eager's, bit for bit
-    (eager pieces: nothing but the mask's place changes)."""
+    (eager pieces: nothing but the mask's place changes), rows that allow no key included."""
     torch.manual_seed(0)
-    model = MaskedLayers().eval()
+    model = MaskedLayers(strict=strict).eval()
     reference = copy.deepcopy(model)
     options = {
         "graph_runtime": "simulated",
@@ -144,5 +149,8 @@ def test_compiled_model_with_boolean_masks_equals_eager(sizes: list[int]) -> Non
             pos = torch.randint(0, 16, (n,), generator=g)
             cgcompile.mark_dynamic_batch(x, pos)
             cgcompile.mark_dynamic_batch(slot, pad_value=8)  # row 8: a trash slot
-            assert torch.equal(compiled(x, slot, pos), reference(x, slot, pos))
-            assert torch.equal(model.cache[:, :8], reference.cache[:, :8])  # but the trash row
+            pos[0] = 0  # with `strict`, a row that allows no key
+            exact = {"rtol": 0, "atol": 0, "equal_nan": True}
+            torch.testing.assert_close(compiled(x, slot, pos), reference(x, slot, pos), **exact)
+            # every row but the trash row
+            torch.testing.assert_close(model.cache[:, :8], reference.cache[:, :8], **exact)
