@@ -240,7 +240,7 @@ def _insert_additive(
     with graph.inserting_after(negated):
         zeros = graph.call_function(torch.zeros_like, (mask,), {"dtype": dtype})
     with graph.inserting_after(zeros):
-        additive = graph.call_function(torch.Tensor.masked_fill, (zeros, negated, fill))
+        additive = graph.call_function(torch.masked_fill, (zeros, negated, fill))
     fake_mode = getattr(value, "fake_mode", None)
     if fake_mode is not None:
         with fake_mode:

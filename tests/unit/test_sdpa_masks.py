@@ -154,3 +154,21 @@ def test_compiled_model_with_boolean_masks_equals_eager(strict: bool, sizes: lis
             torch.testing.assert_close(compiled(x, slot, pos), reference(x, slot, pos), **exact)
             # every row but the trash row
             torch.testing.assert_close(model.cache[:, :8], reference.cache[:, :8], **exact)
+
+
+def test_pieces_with_converted_masks_stay_cacheable() -> None:
+    """The conversion's nodes keep AOTAutograd's cache usable (a warm restart loads the pieces
+    instead of tracing them again): no compile bypasses it."""
+    from torch._dynamo.utils import counters
+
+    model = MaskedLayers().eval()
+    options = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [2, 4]}
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    counters.clear()
+    with torch.no_grad():
+        x, slot, pos = torch.randn(4, 8), torch.arange(4), torch.tensor([0, 3, 5, 15])
+        cgcompile.mark_dynamic_batch(x, pos)
+        cgcompile.mark_dynamic_batch(slot, pad_value=8)
+        compiled(x, slot, pos)
+    aot = counters["aot_autograd"]
+    assert aot["total"] >= 2 and aot["autograd_cache_bypass"] == 0, dict(aot)
