@@ -47,7 +47,8 @@ _CONVERSION_OPS = ("aten.logical_not", "aten.where", "aten.scalar_tensor", "aten
 
 def convert_bool_masks(gm: fx.GraphModule, matcher: OpMatcher) -> int:
     """Rewrite, in place, the SDPA calls `matcher` matches (those the split runs eagerly) to
-    take an additive mask made once after their boolean mask; returns how many were rewritten."""
+    take the additive form of their boolean mask, made once per mask before its first call;
+    returns how many calls were rewritten."""
     graph = gm.graph
     written = {_storage(n.args[0]) for n in graph.nodes if _writes_first_arg(n) and n.args}
     made: dict[tuple[fx.Node, float, torch.dtype], fx.Node] = {}
