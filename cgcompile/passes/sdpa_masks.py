@@ -52,6 +52,7 @@ def convert_bool_masks(gm: fx.GraphModule, matcher: OpMatcher) -> int:
     graph = gm.graph
     written = {_storage(n.args[0]) for n in graph.nodes if _writes_first_arg(n) and n.args}
     made: dict[tuple[fx.Node, float, torch.dtype], fx.Node] = {}
+    memo: dict[Any, Any] = {}
     rewritten = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not SDPA or not matcher.matches(node):
@@ -61,7 +62,7 @@ def convert_bool_masks(gm: fx.GraphModule, matcher: OpMatcher) -> int:
             continue
         if _storage(mask) is None or _storage(mask) in written:  # a mask written in place
             continue
-        conversion = eager_conversion(node)
+        conversion = eager_conversion(node, memo)
         if conversion is None:
             continue
         fill, dtype = conversion
@@ -83,29 +84,34 @@ def convert_bool_masks(gm: fx.GraphModule, matcher: OpMatcher) -> int:
     return rewritten
 
 
-def eager_conversion(node: fx.Node) -> tuple[float, torch.dtype] | None:
+def eager_conversion(
+    node: fx.Node, memo: dict[Any, Any] | None = None
+) -> tuple[float, torch.dtype] | None:
     """(fill, dtype) of the additive mask eager SDPA makes from this call's boolean mask, or
     None: the call's arguments are not all known, SDPA made no such mask, or it picks another
-    kernel for the additive mask."""
+    kernel for the additive mask. `memo` keeps the answer per argument layout (layers alike)."""
     args, kwargs = _fake_call(node)
-    if args is None:
+    specs = None if args is None else [_spec(a) for a in args]
+    if specs is None or any(spec is None for spec in specs):
         return None
-    with FakeTensorMode() as fake_mode:
-        concrete = [_concrete(a, fake_mode) for a in args]
-        if any(a is None for a in concrete):
-            return None
+    key = (tuple(specs), tuple(sorted(kwargs.items())))
+    if memo is not None and key in memo:
+        return memo[key]
+    with FakeTensorMode():
+        concrete = [_concrete(spec) for spec in specs]
         boolean = _record(concrete, kwargs)
         found = _fill(boolean, concrete[_MASK_POSITION])
-        if found is None:
-            return None
-        fill, dtype = found
-        additive = torch.zeros_like(concrete[_MASK_POSITION], dtype=dtype)
-        additive = additive.masked_fill(~concrete[_MASK_POSITION], fill)
-        with_additive = _record([*concrete[:_MASK_POSITION], additive], kwargs)
-    if _kernels(boolean) != _kernels(with_additive):
-        logger.debug("SDPA picks another kernel for an additive mask at %s: kept", node.name)
-        return None
-    return fill, dtype
+        if found is not None:
+            fill, dtype = found
+            additive = torch.zeros_like(concrete[_MASK_POSITION], dtype=dtype)
+            additive = additive.masked_fill(~concrete[_MASK_POSITION], fill)
+            with_additive = _record([*concrete[:_MASK_POSITION], additive], kwargs)
+            if _kernels(boolean) != _kernels(with_additive):
+                logger.debug("SDPA picks another kernel for an additive mask at %s", node.name)
+                found = None
+    if memo is not None:
+        memo[key] = found
+    return found
 
 
 def _mask_arg(node: fx.Node) -> Any:
@@ -159,14 +165,23 @@ def _fake_call(node: fx.Node) -> tuple[list[Any] | None, dict[str, Any]]:
     return values, kwargs
 
 
-def _concrete(t: torch.Tensor, fake_mode: FakeTensorMode) -> torch.Tensor | None:
-    """A fake tensor like `t` at its example sizes (no symbols: probing SDPA adds no guard)."""
+def _spec(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """`t`'s layout at its example sizes (no symbols: probing SDPA adds no guard), or None for
+    a size without a hint (unbacked)."""
     try:
-        shape = [_hint(s) for s in t.shape]
-        stride = [_hint(s) for s in t.stride()]
-    except TypeError:  # a size without a hint (unbacked)
+        shape = tuple(_hint(s) for s in t.shape)
+        stride = tuple(_hint(s) for s in t.stride())
+    except TypeError:
         return None
-    return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+    return shape, stride, t.dtype, t.device, t.requires_grad
+
+
+def _concrete(spec: tuple[Any, ...]) -> torch.Tensor:
+    """A tensor of `spec` (a fake one, under a fake mode); `requires_grad` as the call's
+    argument, since a kernel may be chosen for its backward."""
+    shape, stride, dtype, device, requires_grad = spec
+    t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    return t.requires_grad_(requires_grad)
 
 
 def _hint(size: Any) -> int:
