@@ -10,7 +10,10 @@ Steps:
 2. on the thread, on the caller's CUDA stream: for each key, write its
    padding rows into the static buffers and record its graphs, each under the lock. The owner's
    calls hold the same lock for their whole call, so a call waits for at most the one capture
-   under way, and replays every key captured so far; a key not captured yet runs as it would
+   under way, and replays every key captured so far. A call whose own key is not captured yet
+   replays the smallest captured key that fits it, padded further (`covering_key`: a FULL key
+   of its kind, else a PIECEWISE one; keys go largest first, so after the first key nearly
+   every call replays); only where none fits, or padding is refused, it runs as it would
    without the thread (warm-up, lazy capture);
 3. at the end the graphs lose their lock (calls take the lock-free path again) and the handle
    reports graphs captured, keys and seconds; an error of the thread is logged at once and
@@ -34,6 +37,7 @@ from typing import Any
 import torch
 
 from cgcompile.calls import bulk_capture
+from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
 
 logger = logging.getLogger(__name__)
@@ -159,6 +163,36 @@ class BackgroundCapture:
             f"BackgroundCapture({state}, {self.keys_done}/{self.total_keys} keys, "
             f"{self.graphs_captured} graphs)"
         )
+
+
+def covering_key(
+    graph: Any, args: Any, slot: int, mode: CUDAGraphMode, desc: Any, kind: tuple[bool, bool]
+) -> tuple[CUDAGraphMode, Any] | None:
+    """While the thread captures `graph`'s keys: the (mode, key) captured so far that serves
+    a call dispatched to (`mode`, `desc`) whose graphs are not captured yet: the smallest of
+    `mode` (same kind of batch) at `desc`'s size or above, else the smallest PIECEWISE one;
+    None when `desc` itself is captured or nothing fits. The caller holds the turns."""
+    if _captured(graph, args, slot, mode, desc):
+        return None
+    sizes = [m for m in graph.dispatcher.capture_sizes if m >= desc.num_tokens]
+    mixed = (False, kind[1])
+    for wanted, wanted_kind in ((mode, kind), (CUDAGraphMode.PIECEWISE, mixed)):
+        for size in sizes:
+            found = graph.dispatcher.dispatch(size, *wanted_kind)
+            if found[0] is wanted and found[1] != desc and _captured(graph, args, slot, *found):
+                return found
+    return None
+
+
+def _captured(graph: Any, args: Any, slot: int, mode: CUDAGraphMode, desc: Any) -> bool:
+    """Whether every wrapper of `mode` holds a graph of this key (instance `slot`, the call's
+    other sizes) for a call padded to `desc`."""
+    sized = list(args)
+    for i in graph.plan.size_indices:
+        sized[i] = desc.num_tokens
+    key = (desc, graph.plan.shape_key(sized), slot)
+    wrappers = [w for w in graph.wrappers if w.runtime_mode is mode]
+    return bool(wrappers) and all(key in w.entries for w in wrappers)
 
 
 def _current_stream(graphs: list[Any]) -> Any:

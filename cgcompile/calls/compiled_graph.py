@@ -42,7 +42,7 @@ from typing import Any, Literal, overload
 import torch
 
 from cgcompile.calls import bulk_capture
-from cgcompile.calls.background import BackgroundCapture, Turns
+from cgcompile.calls.background import BackgroundCapture, Turns, covering_key
 from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
 from cgcompile.calls.dispatcher import CudagraphDispatcher
 from cgcompile.calls.fallbacks import FallbackLog
@@ -288,6 +288,12 @@ class CompiledGraph:
         graphs are all verified."""
         self.instances.remember(slot, args, with_graphs=False)
         mode, desc = self._dispatch(n, kind)
+        cover = None
+        if self.capture_turns is not None and mode != NONE and kind is not None:
+            if self.plan.pad_unsafe is None:  # beside a background capture_all
+                cover = covering_key(self, args, slot, mode, desc, kind)
+                if cover is not None:
+                    mode, desc = cover
         if mode == NONE:
             return self._run_eager(args, n)
         if not self._variants.admits(key[3]):
@@ -308,7 +314,7 @@ class CompiledGraph:
             out = self.runnable(*static_args)
         if self.plan.copied_back:
             self.input_buffers.copy_back(args, static_args, n, padded)
-        if kind is not None:
+        if kind is not None and cover is None:  # a covered call pads more than its own key
             ready = ready_call(
                 self.wrappers,
                 self.runnable,

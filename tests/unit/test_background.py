@@ -4,13 +4,16 @@ equal eager's (logits and KV caches), the thread captures every key, a failure i
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from typing import Any
 
 import pytest
 import torch
 
 import cgcompile
 from cgcompile.calls import background, bulk_capture
+from cgcompile.config import CUDAGraphMode
 from cgcompile.errors import CGCompileError
 from cgcompile.graphs.simulated import SimulatedGraphRuntime
 from examples.llama import _read_slots
@@ -106,3 +109,48 @@ def test_a_thread_that_cannot_prepare_leaves_no_lock_behind(
         assert job.keys_done == 0
         assert all(g.capture_turns is None for g in cgcompile.compiled_graphs())
         call_and_check(compiled, reference, 5, True, 1)
+
+
+def test_calls_replay_the_smallest_captured_key_that_fits_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With only the largest key captured (the thread held before its second key), calls of
+    other sizes replay it, padded further, instead of warming up their own key: a mixed call
+    its PIECEWISE graphs, a decode call too (no FULL key is captured yet); exact throughout."""
+    model, reference, compiled = compile_pair("cpu", **SIM)
+    first_key, go_on = threading.Event(), threading.Event()
+    capture_key, seen = bulk_capture.capture_key, []
+
+    def held_after_first(graph: Any, *args: Any, **kwargs: Any) -> None:
+        if graph is dynamic:
+            seen.append(args)
+            if len(seen) == 2:
+                first_key.set()
+                go_on.wait(60)
+        capture_key(graph, *args, **kwargs)
+
+    monkeypatch.setattr(bulk_capture, "capture_key", held_after_first)
+    with torch.inference_mode():
+        call_and_check(compiled, reference, 8, False, 0)
+        call_and_check(compiled, reference, 1, True, 1)
+        dynamic = cgcompile.compiled_graphs()[0]
+        job = cgcompile.capture_all(background=True)
+        try:
+            assert first_key.wait(60)
+            assert (
+                seen[0][2:] == (CUDAGraphMode.PIECEWISE, seen[0][3]) and seen[0][3].num_tokens == 16
+            )
+
+            def warmups() -> int:
+                return sum(sum(w.warmup_calls.values()) for w in dynamic.wrappers)
+
+            before = warmups()
+            with cgcompile.counters.expect(num_cudagraph_captured=0, num_eager_fallbacks=0):
+                for seed, (n, decode) in enumerate([(3, False), (5, True), (9, False)]):
+                    call_and_check(compiled, reference, n, decode, 10 + seed)
+            assert warmups() == before  # every call replayed the key of 16 tokens
+        finally:
+            go_on.set()
+        job.wait(timeout=60)
+        soak(compiled, reference, 20)
+        torch.testing.assert_close(_read_slots(model), _read_slots(reference))
