@@ -175,8 +175,10 @@ def covering_key(
     if _captured(graph, args, slot, mode, desc):
         return None
     sizes = [m for m in graph.dispatcher.capture_sizes if m >= desc.num_tokens]
-    mixed = (False, kind[1])
-    for wanted, wanted_kind in ((mode, kind), (CUDAGraphMode.PIECEWISE, mixed)):
+    tries = [(mode, kind)]
+    if mode is not CUDAGraphMode.PIECEWISE:
+        tries.append((CUDAGraphMode.PIECEWISE, (False, kind[1])))  # a mixed batch's key
+    for wanted, wanted_kind in tries:
         for size in sizes:
             found = graph.dispatcher.dispatch(size, *wanted_kind)
             if found[0] is wanted and found[1] != desc and _captured(graph, args, slot, *found):
