@@ -50,7 +50,7 @@ def convert_bool_masks(gm: fx.GraphModule, matcher: OpMatcher) -> int:
     take the additive form of their boolean mask, made once per mask before its first call;
     returns how many calls were rewritten."""
     graph = gm.graph
-    written = {_storage(n.args[0]) for n in graph.nodes if _writes_first_arg(n) and n.args}
+    written = {_storage(n.args[0]) for n in graph.nodes if writes_first_arg(n) and n.args}
     made: dict[tuple[fx.Node, float, torch.dtype], fx.Node] = {}
     memo: dict[Any, Any] = {}
     rewritten = 0
@@ -135,7 +135,7 @@ def _storage(node: Any) -> Any:
         return None
 
 
-def _writes_first_arg(node: fx.Node) -> bool:
+def writes_first_arg(node: fx.Node) -> bool:
     """An in-place call (`x.masked_fill_(...)`, `x[i] = v`, `out=`): it may write its first
     argument."""
     if "out" in node.kwargs or node.target is operator.setitem:

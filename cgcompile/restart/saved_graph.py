@@ -4,7 +4,9 @@ Under `torch.compile(...).aot_compile(...)` (torch >= 2.10) the backend must ret
 `SerializableCallable`: torch saves Dynamo's bytecode and guards, and asks the backend's object
 for bytes that rebuild it in another process, where no Dynamo trace runs. `saving_backend`
 returns a `SavedGraph`: the compiled graph (a `CompiledGraph` or a `PaddedBatchOne`) plus, taken
-before compiling, the Dynamo graph with its fake example values (`GraphPickler`), the options and
+before compiling, the Dynamo graph with the fake example values a rebuild reads
+(`_values_read_on_load`: inputs, outputs, sizes, what crosses a piece boundary, the splitting
+ops' arguments; `GraphPickler`), the options and
 what the backend reads from the real example inputs beyond their fake values (pad values, a
 batch dim other than 0, which inputs are parameters), and after compiling what the backend's
 fake runs found (`backend.analyses.Analyses`). Loading rebuilds the fake example inputs from those
@@ -41,6 +43,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._graph_pickler import GraphPickler, Options
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from cgcompile.backend.attention import attention_ops
 from cgcompile.backend.batch_one_sharing import code_digest, dynamic_gm_of, serve_matched_batch_one
 from cgcompile.backend.entry import compile_dynamo_graph, cudagraph_modes
 from cgcompile.backend.input_analysis import STATIC_ATTRIBUTE
@@ -48,6 +51,9 @@ from cgcompile.calls.compiled_graph import CompiledGraph
 from cgcompile.calls.padded_batch_one import PaddedBatchOne
 from cgcompile.config import CompilationConfig
 from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE, PAD_ATTRIBUTE
+from cgcompile.passes.op_match import OpMatcher
+from cgcompile.passes.sdpa_masks import writes_first_arg
+from cgcompile.passes.split import split_graph
 from cgcompile.restart import load_steps
 
 _DROPPED_META = ("source_fn_stack", "nn_module_stack")
@@ -128,7 +134,8 @@ def saving_backend(
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> SavedGraph:
         _drop_meta(gm)
-        graph = _pickled(gm)  # before compiling: passes annotate gm
+        # before compiling: passes annotate gm
+        graph = _pickled(gm, _values_read_on_load(gm, options))
         with _compiling():
             compiled = cudagraph_modes(gm, example_inputs, options)
         state = _state(graph, example_inputs, options)
@@ -159,18 +166,52 @@ def _drop_meta(gm: fx.GraphModule) -> None:
             node.meta.pop(key, None)
 
 
-def _pickled(gm: fx.GraphModule, inputs_only: bool = False) -> bytes:
-    """`gm` pickled with its nodes' metadata, or (`inputs_only`) its placeholders' alone."""
-    kept = [n for n in gm.graph.nodes if inputs_only and n.op != "placeholder"]
-    metas = [n.meta for n in kept]
-    for node in kept:
-        node.meta = {}
+def _pickled(
+    gm: fx.GraphModule, values: set[str] | None = None, inputs_only: bool = False
+) -> bytes:
+    """`gm` pickled with its nodes' metadata, but the example values of nodes not in `values`
+    (None: all kept); or (`inputs_only`) with its placeholders' metadata alone."""
+    saved = {}
+    for node in gm.graph.nodes:
+        if inputs_only and node.op != "placeholder":
+            saved[node], node.meta = node.meta, {}
+        elif values is not None and node.name not in values and _VALUE_KEYS & node.meta.keys():
+            saved[node] = node.meta
+            node.meta = {k: v for k, v in node.meta.items() if k not in _VALUE_KEYS}
+            node.meta["example_value"] = None  # AOTAutograd's cache asks only whether it is there
     try:
         with _slices_as_pytree_nodes():
             return _Pickler.dumps(gm, Options(ops_filter=None))
     finally:
-        for node, meta in zip(kept, metas, strict=True):
+        for node, meta in saved.items():
             node.meta = meta
+
+
+_VALUE_KEYS = frozenset({"example_value", "val"})
+
+
+def _values_read_on_load(gm: fx.GraphModule, options: Mapping[str, Any]) -> set[str]:
+    """Names of the nodes whose example values a rebuild reads; the others' fake tensors were
+    most of what a load unpickled. A rebuild
+    runs no fake run (the saving process's analyses are reused), so it reads the inputs', the
+    outputs', sizes and scalars, the values the split hands between pieces (each piece compiles
+    with its placeholders' values), the splitting ops' and their arguments' (`sdpa_masks`, the
+    shape-only stand-ins) and what in-place ops write (`sdpa_masks` leaves written masks)."""
+    config = CompilationConfig.from_options(options)
+    matcher = OpMatcher(attention_ops() if config.splitting_ops is None else config.splitting_ops)
+    values = set()
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if node.op in ("placeholder", "output") or not isinstance(value, torch.Tensor):
+            values.add(node.name)
+        if node.op == "output" or matcher.matches(node):
+            values.add(node.name)
+            values.update(n.name for n in node.all_input_nodes)
+        if writes_first_arg(node) and node.args and isinstance(node.args[0], fx.Node):
+            values.add(node.args[0].name)
+    for item in split_graph(gm, matcher).items:  # a copy of gm: gm stays as it is
+        values.update(n.name for n in item.graph.graph.find_nodes(op="placeholder"))
+    return values
 
 
 @contextlib.contextmanager

@@ -364,3 +364,30 @@ def test_a_file_saved_under_no_grad_is_refused_once_under_inference_mode(tmp_pat
         assert torch.allclose(last(x), model(x))
     assert again.loaded is False and "examples" in again.why_compiled and last.loaded is True
     assert caplog.text.count("not loaded") == 1 and "fits none" not in caplog.text
+
+
+def test_a_saved_graph_keeps_the_values_a_rebuild_reads() -> None:
+    """The saved Dynamo graph carries the example values of the inputs, outputs, sizes, the
+    values handed between pieces and the splitting ops' arguments; the others (most of a
+    graph's tensors) are left out, which is most of a load's unpickling."""
+    from cgcompile.passes.op_match import OpMatcher
+    from cgcompile.passes.split import split_graph
+    from cgcompile.restart.saved_graph import _values_read_on_load
+    from examples.llama import Llama, LlamaConfig, make_inputs
+    from tests.unit.test_split import trace
+
+    cfg = LlamaConfig(num_layers=2, cache_len=64)
+    model = Llama(cfg).eval()
+    tokens, positions = make_inputs(cfg, 4, "cpu")
+    with torch.no_grad():
+        gm = trace(model, tokens, positions).gm
+    kept = _values_read_on_load(gm, {})
+    nodes = {n.name: n for n in gm.graph.nodes}
+    tensors = [n for n in nodes.values() if isinstance(n.meta.get("example_value"), torch.Tensor)]
+    assert {n for n, node in nodes.items() if node.op in ("placeholder", "output")} <= kept
+    sdpa = [n for n in nodes.values() if n.target is torch._C._nn.scaled_dot_product_attention]
+    assert len(sdpa) == 2 and all({a.name for a in n.all_input_nodes} <= kept for n in sdpa)
+    split = split_graph(gm, OpMatcher([torch.nn.functional.scaled_dot_product_attention]))
+    handed = {p.name for i in split.items for p in i.graph.graph.find_nodes(op="placeholder")}
+    assert handed & set(nodes) <= kept
+    assert len(kept & {n.name for n in tensors}) < len(tensors) / 2
