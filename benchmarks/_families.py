@@ -65,9 +65,12 @@ class Family:
             return fn(*args, **kwargs)
 
 
-def build(name: str, device: str, dtype: torch.dtype, quick: bool = False) -> Family:
+def build(
+    name: str, device: str, dtype: torch.dtype, quick: bool = False, quick_layers: int = 2
+) -> Family:
+    """The family `name`; `quick`: a tiny CPU build (`quick_layers` layers of the Llama)."""
     if name == "llama":
-        return _llama(device, dtype, quick)
+        return _llama(device, dtype, quick, quick_layers)
     if name == "rows":
         return _rows(device, dtype, quick)
     if name.startswith("hf-"):
@@ -75,8 +78,8 @@ def build(name: str, device: str, dtype: torch.dtype, quick: bool = False) -> Fa
     raise ValueError(f"unknown family {name!r}; one of {NAMES}")
 
 
-def _llama(device: str, dtype: torch.dtype, quick: bool) -> Family:
-    cfg = LlamaConfig(num_layers=2, cache_len=600) if quick else LlamaConfig.bench()
+def _llama(device: str, dtype: torch.dtype, quick: bool, layers: int) -> Family:
+    cfg = LlamaConfig(num_layers=layers, cache_len=600) if quick else LlamaConfig.bench()
     seeds = iter(range(10**9))
 
     def inputs(n: int) -> Inputs:

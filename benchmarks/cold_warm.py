@@ -29,6 +29,7 @@ benchmark's own inputs included).
     python benchmarks/cold_warm.py --out DIR [--soak 2000]
     python benchmarks/cold_warm.py --out DIR --phases cold --no-cudnn-sdp   # one phase, no cuDNN
     python benchmarks/cold_warm.py --out DIR --quick      # tiny model on CPU, simulated graphs
+                                                          # (--quick-layers 16: a deeper one)
     python benchmarks/cold_warm.py --out DIR --family rows   # another model family (_families)
     python benchmarks/cold_warm.py --out DIR --phases cold --profile-first DIR  # pstats files
     python benchmarks/cold_warm.py --out DIR --turns TORCHINDUCTOR_COMPILE_THREADS=1 --soak 0  # A/B
@@ -79,7 +80,7 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
     if args.load:
         result["load_s"] = timed_call(lambda: cgcompile.load_compile_cache(args.load), device)[1]
     torch.manual_seed(0)
-    family = build(args.family, device.type, dtype, args.quick)
+    family = build(args.family, device.type, dtype, args.quick, args.quick_layers)
     model = family.model
     options: dict[str, Any] = {"graph_runtime": "simulated"} if args.quick else {}
     options |= json.loads(args.options)
@@ -219,6 +220,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--quick", action="store_true", help="tiny model on CPU")
+    parser.add_argument("--quick-layers", type=int, default=2, help="the --quick Llama's layers")
     parser.add_argument("--soak", type=int, default=2000)
     parser.add_argument(
         "--phases", nargs="+", choices=PHASES + AOT_PHASES, default=list(PHASES + AOT_PHASES)
@@ -321,7 +323,7 @@ def _run(
     env = {**os.environ, **(extra_env or {}), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
     env["TRITON_CACHE_DIR"] = str(cache / "triton")
     cmd = [sys.executable, __file__, "--phase", name, "--soak", str(args.soak), *extra]
-    cmd += ["--quick"] if args.quick else []
+    cmd += ["--quick", "--quick-layers", str(args.quick_layers)] if args.quick else []
     cmd += ["--no-cudnn-sdp"] if args.no_cudnn_sdp else []
     cmd += ["--options", args.options, "--family", args.family]
     if args.profile_first:
