@@ -213,7 +213,9 @@ def _record(args: list[torch.Tensor], kwargs: dict[str, Any]) -> list[tuple[str,
     return recorder.calls
 
 
-def _fill(calls: list[tuple[str, tuple, Any]], mask: torch.Tensor) -> tuple[float, torch.dtype]:
+def _fill(
+    calls: list[tuple[str, tuple, Any]], mask: torch.Tensor
+) -> tuple[float, torch.dtype] | None:
     """(fill, dtype) of the `where` among `calls` that makes the additive mask: 0 where `mask`
     allows a key, `fill` where it does not (as `where(mask, 0, fill)` or `where(~mask, fill,
     0)`, its values scalars or scalar tensors), or None."""
