@@ -5,8 +5,9 @@ Per call (automatic mode, the default):
    (`ownership`); one from a module instance beyond the limit, or whose in-place inputs moved,
    runs without graphs (`instances`);
 2. read the batch size n from the user's batch tensors and the hints of `batch_hint(...)`;
-3. ask the dispatcher for (runtime mode, descriptor), padding n to a capture size; a graph
-   that padding could change (`plan.pad_unsafe`) runs sizes it would pad without graphs;
+3. ask the dispatcher for (runtime mode, descriptor), padding n to a capture size (beside a
+   background `capture_all`, to a captured one: `background.covering_key`); a graph that
+   padding could change (`plan.pad_unsafe`) runs sizes it would pad without graphs;
 4. copy user tensors into input buffers (`InputBuffers`: padded rows hold pad values;
    parameters, buffers and tensors the graph writes in place are never copied);
 5. run the FULL wrapper (which holds the PIECEWISE-wrapped pieces) under that forward context,
