@@ -290,11 +290,11 @@ class CompiledGraph:
         self.instances.remember(slot, args, with_graphs=False)
         mode, desc = self._dispatch(n, kind)
         cover = None
-        if self.capture_turns is not None and mode != NONE and kind is not None:
-            if self.plan.pad_unsafe is None:  # beside a background capture_all
-                cover = covering_key(self, args, slot, mode, desc, kind)
-                if cover is not None:
-                    mode, desc = cover
+        turns, unsafe = self.capture_turns, self.plan.pad_unsafe
+        if turns is not None and mode != NONE and kind is not None and unsafe is None:
+            cover = covering_key(self, args, slot, mode, desc, kind)  # beside capture_all
+            if cover is not None:
+                mode, desc = cover
         if mode == NONE:
             return self._run_eager(args, n)
         if not self._variants.admits(key[3]):

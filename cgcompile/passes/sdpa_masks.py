@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 SDPA = torch._C._nn.scaled_dot_product_attention
 _MASK_POSITION = 3  # sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, ...)
-_CONVERSION_OPS = ("aten.logical_not", "aten.where", "aten.scalar_tensor", "aten._to_copy")
+_CONVERSION_OPS = ("aten.logical_not", "aten.where", "aten.scalar_tensor")
 
 
 def convert_bool_masks(gm: fx.GraphModule, matcher: OpMatcher) -> int:
