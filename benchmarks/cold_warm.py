@@ -126,11 +126,15 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _precompile(family: Family, path: str, options: dict[str, Any]) -> Any:
-    """`cgcompile.precompile` for a batch of 8 (dynamic, hint 512) and a batch of 1."""
+    """`cgcompile.precompile` for a batch of 8 (dynamic, hint 512) and a batch of 1, called
+    as the family calls (positional or keyword arguments)."""
     examples = [family.inputs(n) for n in (8, 1)]
-    if any(kwargs for _, kwargs in examples):  # precompile takes positional examples
-        raise SystemExit(f"precompile takes positional examples; {family.name} calls with kwargs")
-    return cgcompile.precompile(family.model, [args for args, _ in examples], path, options)
+    if any(args and kwargs for args, kwargs in examples):
+        raise SystemExit(
+            f"precompile takes positional or keyword examples, not both ({family.name})"
+        )
+    calls = [kwargs if kwargs else args for args, kwargs in examples]
+    return cgcompile.precompile(family.model, calls, path, options)
 
 
 def _largest_keys(call: Any, device: torch.device) -> dict[str, Any]:

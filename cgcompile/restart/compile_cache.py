@@ -63,7 +63,9 @@ def process_header() -> dict[str, str]:
 
 
 def precompile_header(
-    options: dict[str, Any], examples: list[tuple[Any, ...]], sources: dict[str, str]
+    options: dict[str, Any],
+    examples: list[tuple[Any, ...] | dict[str, Any]],
+    sources: dict[str, str],
 ) -> dict[str, Any]:
     """A precompiled file's header (`restart.precompile`): `process_header`, digests of the
     options and of the examples (with the grad mode), and the checksums of the source files
@@ -78,7 +80,7 @@ def precompile_header(
 
 
 def header_differences(
-    saved: dict[str, Any], options: dict[str, Any], examples: list[tuple[Any, ...]]
+    saved: dict[str, Any], options: dict[str, Any], examples: list[tuple[Any, ...] | dict[str, Any]]
 ) -> list[str]:
     """How the process that saved a precompiled file differs from this one (empty: it fits)."""
     ours = precompile_header(options, examples, {})
@@ -107,20 +109,28 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _describe(example: tuple[Any, ...]) -> list[Any]:
-    """What the example calls' guards depend on: each tensor's dtype, device, grad flag,
-    shape (marked dims as -1) and whether it is an inference tensor (made under
-    `torch.inference_mode()`: its dispatch keys differ); other arguments' values."""
-    described: list[Any] = []
-    for a in example:
-        if isinstance(a, torch.Tensor):
-            dynamic = getattr(a, "_dynamo_dynamic_indices", set())
-            shape = [-1 if d in dynamic else n for d, n in enumerate(a.shape)]
-            flags = (a.requires_grad, a.is_inference())
-            described.append((str(a.dtype), a.device.type, *flags, shape))
-        else:
-            described.append(repr(a))
-    return described
+def _describe(example: tuple[Any, ...] | dict[str, Any]) -> Any:
+    """What the example calls' guards depend on, per argument (`_describe_value`)."""
+    return _describe_value(example)
+
+
+def _describe_value(value: Any) -> Any:
+    """A tensor's dtype, device, grad flag, shape (marked dims as -1) and whether it is an
+    inference tensor (made under `torch.inference_mode()`: its dispatch keys differ); a plain
+    value itself; a list, tuple or dict item by item; any other object its class (its repr
+    may name its address, which differs in every process)."""
+    if isinstance(value, torch.Tensor):
+        dynamic = getattr(value, "_dynamo_dynamic_indices", set())
+        shape = [-1 if d in dynamic else n for d, n in enumerate(value.shape)]
+        flags = (value.requires_grad, value.is_inference())
+        return (str(value.dtype), value.device.type, *flags, shape)
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return [type(value).__name__, *(_describe_value(v) for v in value)]
+    if isinstance(value, dict):
+        return {repr(k): _describe_value(v) for k, v in value.items()}
+    return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
 def save_compile_cache(path: str | os.PathLike[str]) -> Path:

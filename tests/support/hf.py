@@ -13,12 +13,16 @@ import torch
 PATHS = ["static-cache", "compiled-forward"]
 
 
-def tiny_llama(device: str, dtype: torch.dtype = torch.float32):
-    from transformers import LlamaConfig, LlamaForCausalLM
+VOCAB = 96
+
+
+def tiny_llama(device: str, dtype: torch.dtype = torch.float32, arch: str = "Llama"):
+    """A 2-layer `{arch}ForCausalLM` (Llama, Qwen3, ...) built from a config, seeded."""
+    import transformers
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=96,
+    config = getattr(transformers, f"{arch}Config")(
+        vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -26,7 +30,7 @@ def tiny_llama(device: str, dtype: torch.dtype = torch.float32):
         num_key_value_heads=2,
         max_position_embeddings=128,
     )
-    return LlamaForCausalLM(config).to(device, dtype).eval()
+    return getattr(transformers, f"{arch}ForCausalLM")(config).to(device, dtype).eval()
 
 
 def generate_tokens(

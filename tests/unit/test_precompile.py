@@ -20,6 +20,8 @@ from torch import nn
 
 import cgcompile
 from cgcompile import torch_features
+from cgcompile.restart import portable
+from tests.support import decorated
 from tests.support.fresh_process import run_fresh
 from tests.support.precompile_run import MODEL_SOURCE
 
@@ -45,6 +47,13 @@ def run(path: Path, model_dir: Path, *args: str, cache: str = "inductor") -> dic
 def run_rows(path: Path, *args: str) -> dict:
     """tests/support/precompile_rows.py in a fresh process (see `run`)."""
     stdout, _ = run_fresh("tests.support.precompile_rows", [str(path), *args], path.parent / "ind")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def run_hf(path: Path, arch: str) -> dict:
+    """tests/support/precompile_hf.py in a fresh process (see `run`)."""
+    argv = [str(path), "--arch", arch]
+    stdout, _ = run_fresh("tests.support.precompile_hf", argv, path.parent / "ind")
     return json.loads(stdout.strip().splitlines()[-1])
 
 
@@ -191,28 +200,44 @@ def test_a_file_that_is_not_ours_is_refused_and_replaced(tmp_path, caplog):
     assert precompile_mlp(path)[1].loaded is True
 
 
-@needs_aot
-def test_a_model_torch_cannot_precompile_still_runs_and_says_why(tmp_path, caplog):
-    class Local(MLP):  # not importable: torch's saved guards name the model's class
+class Breaking(MLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        torch._dynamo.graph_break()  # AOT compiles one graph (fullgraph)
+        return torch.relu(y)
+
+
+def _local_mlp() -> MLP:
+    class Local(MLP):  # not importable: a saved file could not name the model's class
         pass
 
+    return Local()
+
+
+@needs_aot
+@pytest.mark.parametrize(
+    "make, why",
+    [(Breaking, "AOT compile failed"), (_local_mlp, "is defined in a function")],
+    ids=["graph-break", "local-class"],
+)
+def test_a_model_that_cannot_be_precompiled_still_runs_and_says_why(tmp_path, caplog, make, why):
     torch.manual_seed(0)
-    model, x = Local().eval(), torch.randn(4, 16)
+    model, x = make().eval(), torch.randn(4, 16)
     cgcompile.mark_dynamic_batch(x)
     with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
         step = cgcompile.precompile(model, [(x,)], tmp_path / "local.cgaot", OPTIONS)
         y = torch.randn(4, 16)
         assert torch.allclose(step(y), model(y))
     assert caplog.text.count("is not precompiled") == 1
-    assert step.loaded is False and "AOT compile failed" in step.why_compiled
+    assert step.loaded is False and why in step.why_compiled
     assert not (tmp_path / "local.cgaot").exists()
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        ((MLP(), (torch.randn(2, 16),), "f"), "list of argument tuples"),
-        ((MLP(), [], "f"), "list of argument tuples"),
+        ((MLP(), (torch.randn(2, 16),), "f"), "list of calls' arguments"),
+        ((MLP(), [], "f"), "list of calls' arguments"),
         ((MLP(), [(torch.randn(2, 16),)], 3), "file path"),
         (("model", [(torch.randn(2, 16),)], "f"), "a module or a function"),
     ],
@@ -391,3 +416,45 @@ def test_a_saved_graph_keeps_the_values_a_rebuild_reads() -> None:
     handed = {p.name for i in split.items for p in i.graph.graph.find_nodes(op="placeholder")}
     assert handed & set(nodes) <= kept
     assert len(kept & {n.name for n in tensors}) < len(tensors) / 2
+
+
+@needs_aot
+@pytest.mark.parametrize("arch", ["Llama", "Qwen3"])
+def test_a_hugging_face_model_with_static_caches_saves_and_loads(tmp_path, arch):
+    """Its forward is decorated (the closure holds the undecorated one), the `kernels` package
+    wraps functions in classes defined in a function, Dynamo reads modules through other
+    modules' globals, and each static cache fixes a batch size: the auto-marked batch is
+    dropped and each example compiled for its own shapes."""
+    pytest.importorskip("transformers")
+    first, second = (run_hf(tmp_path / "hf.cgaot", arch) for _ in range(2))
+    assert first["loaded"] is False and not not_served(first), first
+    assert second["loaded"] is True and second["dynamo_traces"] == 0, second
+    assert second["warnings"] == []
+    assert second["digest"] == first["digest"]  # the loaded graphs compute what the saved did
+    assert second["max_error"] < 1e-5 and second["cache_error"] < 1e-5
+
+
+def test_functions_pickle_cannot_find_by_name_are_supplied_from_the_live_forward():
+    forward = decorated.Decorated.forward
+    inner = forward.__wrapped__  # its qualified name leads to the wrapper
+    assert not portable.findable(inner)
+    assert portable.findable(forward) and portable.findable(decorated.named)
+    assert portable.findable(lambda: None) and portable.findable(3)  # saved by value or code
+    assert portable.closure_externals(forward) == {"closure 0": inner}
+    assert portable.closure_externals(decorated.named) == {}
+
+
+@needs_aot
+def test_a_decorated_forward_and_a_class_defined_in_a_function_save_and_load(tmp_path, caplog):
+    torch.manual_seed(0)
+    model, x = decorated.Decorated().eval(), torch.randn(4, 16)
+    cgcompile.mark_dynamic_batch(x)
+    path = tmp_path / "decorated.cgaot"
+    with caplog.at_level(logging.INFO, logger="cgcompile"), torch.no_grad():
+        saved = cgcompile.precompile(model, [(x,)], path, OPTIONS)
+        loaded = cgcompile.precompile(model, [(x,)], path, OPTIONS)
+        y = torch.randn(3, 16)
+        assert torch.allclose(loaded(y), model(y))
+    assert saved.loaded is False and loaded.loaded is True
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert "guards are not saved (on globals, or pinning objects" in caplog.text
