@@ -94,12 +94,12 @@ def portable_guards(
 def _portable(entry: Any, identity: frozenset[str], scope: dict[str, Any]) -> bool:
     if getattr(entry, "is_global", False) or entry.guard_type in identity:
         return False
-    if identity.intersection(entry.derived_guard_types):
+    if identity.intersection(getattr(entry, "derived_guard_types", None) or ()):
         return False
     if entry.guard_type in _LOCAL_TYPE_GUARDS and entry.has_value:
         if "<locals>" in type(entry.value).__qualname__:
             return False
-    source = getattr(entry.orig_guard, "originating_source", None)
+    source = getattr(getattr(entry, "orig_guard", None), "originating_source", None)
     while (source := getattr(source, "base", None)) is not None:
         try:
             value = source.get_value(scope, torch._dynamo.guards._get_closure_vars(), {})

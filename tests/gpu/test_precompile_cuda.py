@@ -1,13 +1,13 @@
 """Warm restart without Dynamo on the GPU: a precompiled model saved by one process serves a
 fresh process on empty Inductor and Triton caches with no Dynamo trace, every compile a cache
 hit (Triton kernels from the file), real CUDA graphs captured by `capture_all()`, and eager's
-logits and KV caches."""
+logits and KV caches; so does a Hugging Face Llama with a static cache per batch size."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_precompile import assert_equals_eager, needs_aot, run, write_model
+from tests.unit.test_precompile import assert_equals_eager, needs_aot, run, run_hf, write_model
 
 pytestmark = [pytest.mark.cuda, needs_aot]
 
@@ -24,3 +24,14 @@ def test_a_precompiled_model_serves_a_fresh_process_on_the_gpu(tmp_path):
     assert loaded["autograd_cache"] == [saved["autograd_cache"][1], 0]
     assert loaded["captured_by_capture_all"] == saved["captured_by_capture_all"] > 0
     assert_equals_eager(loaded)
+
+
+def test_a_precompiled_hugging_face_llama_serves_a_fresh_process_on_the_gpu(tmp_path):
+    pytest.importorskip("transformers")
+    args = ("--cuda", "--compiler", "inductor")
+    saved = run_hf(tmp_path / "hf.cgaot", "Llama", *args, cache="a")
+    loaded = run_hf(tmp_path / "hf.cgaot", "Llama", *args, cache="b")
+    assert saved["loaded"] is False and loaded["loaded"] is True, (saved, loaded)
+    assert loaded["dynamo_traces"] == 0 and loaded["warnings"] == []
+    assert loaded["digest"] == saved["digest"]
+    assert loaded["max_error"] < 1e-3 and loaded["cache_error"] < 1e-3

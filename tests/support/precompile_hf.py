@@ -7,7 +7,7 @@ decode steps of both sizes on the precompiled model and on an eager copy, each w
 its own; print one JSON line of what happened, with a digest of every logit and cache value so
 processes can be compared bit for bit.
 
-    python -m tests.support.precompile_hf PATH [--compiler eager] [--arch Qwen3]
+    python -m tests.support.precompile_hf PATH [--compiler eager] [--arch Qwen3] [--cuda]
 """
 
 from __future__ import annotations
@@ -36,18 +36,21 @@ def _cache(model: Any, n: int) -> Any:
     """A static cache of `n` rows, its first position written by an eager call (generate()'s
     uncompiled prefill)."""
     cache = transformers.StaticCache(config=model.config, max_cache_len=CACHE_LEN)
-    ids, pos = torch.arange(n)[:, None] + 3, torch.zeros(n, 1, dtype=torch.long)
+    device = model.device
+    ids = torch.arange(n, device=device)[:, None] + 3
+    pos = torch.zeros(n, 1, dtype=torch.long, device=device)
     model(input_ids=ids, position_ids=pos, use_cache=True, **{CACHE_KEYWORD: cache})
     return cache
 
 
-def _step(n: int, position: int, cache: Any, seed: int) -> dict[str, Any]:
+def _step(n: int, position: int, cache: Any, seed: int, device: str) -> dict[str, Any]:
     """A decode step's keyword arguments (the cache's keyword: `cache` in newer transformers
     5 releases, `past_key_values` before)."""
     g = torch.Generator().manual_seed(seed)
-    step = {"input_ids": torch.randint(1, VOCAB, (n, 1), generator=g), "use_cache": True}
-    step["position_ids"] = torch.full((n, 1), position)
-    step["cache_position"] = torch.tensor([position])
+    ids = torch.randint(1, VOCAB, (n, 1), generator=g).to(device)
+    step = {"input_ids": ids, "use_cache": True}
+    step["position_ids"] = torch.full((n, 1), position, device=device)
+    step["cache_position"] = torch.tensor([position], device=device)
     return step | {CACHE_KEYWORD: cache}
 
 
@@ -58,7 +61,7 @@ def _tensors(caches: dict[int, Any]) -> list[torch.Tensor]:
 def _digest(tensors: list[torch.Tensor]) -> str:
     h = hashlib.sha256()
     for t in tensors:
-        h.update(t.detach().contiguous().numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -67,22 +70,24 @@ def main() -> None:
     parser.add_argument("path")
     parser.add_argument("--compiler", default="eager")
     parser.add_argument("--arch", default="Llama", help="Llama or Qwen3")
+    parser.add_argument("--cuda", action="store_true", help="on the GPU, real CUDA graphs")
     args = parser.parse_args()
     warnings = _Warnings()
     logging.getLogger("cgcompile").addHandler(warnings)
-    model = tiny_llama("cpu", arch=args.arch)
-    options = {"compiler": args.compiler, "graph_runtime": "simulated"}
+    device = "cuda" if args.cuda else "cpu"
+    model = tiny_llama(device, arch=args.arch)
+    options = {"compiler": args.compiler, "graph_runtime": "cuda" if args.cuda else "simulated"}
     dynamo_counters.clear()
     with torch.no_grad():
         ours = {n: _cache(model, n) for n in (8, 1)}
         theirs = {n: _cache(model, n) for n in (8, 1)}
-        examples = [_step(n, 1, ours[n], seed=n) for n in (8, 1)]
+        examples = [_step(n, 1, ours[n], n, device) for n in (8, 1)]
         step = cgcompile.precompile(model, examples, args.path, options)
         traces = dynamo_counters["stats"]["unique_graphs"]
         logits, error = [], 0.0
         for i, (n, position) in enumerate([(8, 2), (1, 2), (8, 3), (1, 3), (8, 4)]):
-            got = step(**_step(n, position, ours[n], seed=i)).logits
-            want = model(**_step(n, position, theirs[n], seed=i)).logits
+            got = step(**_step(n, position, ours[n], i, device)).logits
+            want = model(**_step(n, position, theirs[n], i, device)).logits
             error = max(error, (got - want).abs().max().item())
             logits.append(got)
     caches, eager_caches = _tensors(ours), _tensors(theirs)

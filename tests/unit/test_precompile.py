@@ -50,10 +50,11 @@ def run_rows(path: Path, *args: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def run_hf(path: Path, arch: str) -> dict:
+def run_hf(path: Path, arch: str, *args: str, cache: str = "ind") -> dict:
     """tests/support/precompile_hf.py in a fresh process (see `run`)."""
-    argv = [str(path), "--arch", arch]
-    stdout, _ = run_fresh("tests.support.precompile_hf", argv, path.parent / "ind")
+    argv = [str(path), "--arch", arch, *args]
+    inductor, triton = path.parent / cache, path.parent / f"{cache}-triton"
+    stdout, _ = run_fresh("tests.support.precompile_hf", argv, inductor, triton)
     return json.loads(stdout.strip().splitlines()[-1])
 
 
