@@ -126,9 +126,10 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _precompile(family: Family, path: str, options: dict[str, Any]) -> Any:
-    """`cgcompile.precompile` for a batch of 8 (dynamic, hint 512) and a batch of 1, called
-    as the family calls (positional or keyword arguments)."""
-    examples = [family.inputs(n) for n in (8, 1)]
+    """`cgcompile.precompile` for a batch of 8 (dynamic, hint 512) and a batch of 1, or each
+    batch size of a family with a static cache per size (HF), called as the family calls
+    (positional or keyword arguments)."""
+    examples = [family.inputs(n) for n in (family.sizes or (8, 1))]
     if any(args and kwargs for args, kwargs in examples):
         raise SystemExit(
             f"precompile takes positional or keyword examples, not both ({family.name})"

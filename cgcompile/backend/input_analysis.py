@@ -68,6 +68,7 @@ def plan_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> InputPlan:
         static,
         tuple(i for i, v in enumerate(values) if isinstance(v, torch.SymInt)),
         max([1, *bounds]),
+        batch_state=tuple(i for i in static if _dim0_in(values[i], exprs)),
         names=tuple(_name(node) for node in placeholders),
         pad_values=_pad_values(batch_tensors, example_inputs),
         batch_strided=tuple(i for i in batch_tensors if _strides_use(values[i], exprs)),

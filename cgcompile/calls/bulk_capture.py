@@ -104,7 +104,13 @@ def plan_captures(graph: Capturable) -> list[CaptureItem]:
     with torch.no_grad():
         unready = _unready_modes(graph, examples)
     keys = [(m, d) for m, d in keys if m not in unready]
-    return [(slot, args, mode, desc) for slot, args in examples for mode, desc in keys]
+    plan = graph.plan  # state sized by the batch: only its own size can be captured
+    return [
+        (slot, args, mode, desc)
+        for slot, args in examples
+        for mode, desc in keys
+        if plan.fits_state(args, desc.num_tokens)
+    ]
 
 
 def to_capture(graphs: list[Capturable]) -> list[Capturable]:
@@ -148,8 +154,11 @@ def _unready_modes(graph: Capturable, examples: list[tuple[int, list[Any]]]) -> 
     failed: set[CUDAGraphMode] = set()
     for mode, name in unready.items():
         slot, example = examples[0]
+        fitting = [d for d in descs[mode] if graph.plan.fits_state(example, d.num_tokens)]
+        if not fitting:  # no key of this instance's size: nothing to capture ahead
+            continue
         try:
-            _warm_up(graph, slot, example, mode, descs[mode][-1])
+            _warm_up(graph, slot, example, mode, fitting[-1])
         except Exception as exc:  # noqa: BLE001 - any failure leaves the mode to lazy capture
             failed.add(mode)
             logger.warning(

@@ -67,6 +67,10 @@ class InputPlan:
     second dim of q (HF's `input_ids` of shape [batch, 1]), so each row is one request of q
     tokens. Set only where full graphs serve every kind of batch (attention support ALWAYS),
     so a misread batch still replays an exact graph."""
+    batch_state: tuple[int, ...] = ()
+    """Static tensors whose dim 0 is the batch (a cache allocated per batch size, as Hugging
+    Face's `StaticCache`): a graph serves only calls of their size, and `capture_all` captures
+    only the key of each instance's size."""
     host_scalars: tuple[int, ...] = ()
     """One-element CPU tensors among the user inputs of a graph that runs on CUDA (a float
     attribute Dynamo passes as a tensor and reads with `.item()`): the host reads them while a
@@ -89,6 +93,10 @@ class InputPlan:
         if self.host_scalars:
             key += tuple([args[i].item() for i in self.host_scalars])
         return key
+
+    def fits_state(self, args: Sequence[Any], rows: int) -> bool:
+        """Whether a run at `rows` rows can use `args`' static tensors (`batch_state`)."""
+        return all(args[i].shape[0] == rows for i in self.batch_state)
 
     def batch_size(self, args: Sequence[Any]) -> int | None:
         """The batch of this call, or None when the user's batch tensors disagree on it."""

@@ -232,7 +232,10 @@ def _compile_and_save(
     forward = _forward(model)
     prefix = (model,) if isinstance(model, torch.nn.Module) else ()
     functions = []
-    with torch._dynamo.config.patch(enable_aot_compile=True):
+    # static: each example for its own shapes, whatever sizes the others (or a failed marked
+    # attempt) showed Dynamo for this code
+    settings = {"enable_aot_compile": True, "automatic_dynamic_shapes": batch != "static"}
+    with torch._dynamo.config.patch(**settings):
         for example in examples:
             args, kwargs = call_of(example)
             args = (*prefix, *args)

@@ -141,13 +141,13 @@ done
 run background background-tests.log python -m pytest -q -p no:cacheprovider \
   tests/gpu/test_background_cuda.py
 run background background-capture.log python benchmarks/background_capture.py --out "$out"
-# not in the default stages: time to ready on the other model families, the KV-rows step cold
-# and precompiled, HF Llama and Qwen3 cold (HF models cannot be precompiled) (STAGES=families)
+# not in the default stages: time to ready on the other model families, the KV-rows step and
+# HF Llama and Qwen3 cold and precompiled (STAGES=families)
 run families cold-warm-rows.log python benchmarks/cold_warm.py --out "$out/rows" --family rows \
   --soak 200 --phases cold aot-cold aot-warm-local
 for family in hf-llama hf-qwen3; do
   run families "cold-warm-$family.log" python benchmarks/cold_warm.py --out "$out/$family" \
-    --family "$family" --soak 50 --no-prime --phases cold
+    --family "$family" --soak 50 --no-prime --phases cold aot-cold aot-warm-local
 done
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace

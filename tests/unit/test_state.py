@@ -4,6 +4,7 @@ written inside the graph, user inputs written in place, padded rows, strided inp
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -187,3 +188,40 @@ def test_pad_value_must_be_a_number():
 @pytest.mark.parametrize("mode", MODES)
 def test_strided_inputs_equal_eager(mode, compiler, layout):
     check_strided_inputs(mode, compiler, layout)
+
+
+class _PerBatchCache(torch.nn.Module):
+    """A decode step writing a cache allocated for one batch size and passed in at a static
+    address, as Hugging Face's `StaticCache` is: the cache's dim 0 is the batch."""
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cache.index_copy_(1, pos, x[:, None])
+        return cache.sum(1) * 2
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])
+def test_capture_all_captures_a_cache_sized_by_the_batch_at_its_own_size_only(mode):
+    options = {"cudagraph_mode": mode, "graph_runtime": "simulated", "compiler": "eager"}
+    options["cudagraph_capture_sizes"] = [2, 3, 4, 8]
+    compiled = torch.compile(_PerBatchCache(), backend="cudagraph_modes", options=options)
+    caches = {n: torch.zeros(n, 5, 4) for n in (3, 4)}
+    theirs = {n: c.clone() for n, c in caches.items()}
+
+    def call(fn: Any, n: int, caches: dict[int, torch.Tensor], pos: int) -> torch.Tensor:
+        x = torch.randn(n, 4, generator=torch.Generator().manual_seed(pos))
+        if fn is compiled:
+            torch._dynamo.mark_static_address(caches[n])
+            cgcompile.mark_dynamic_batch(x, caches[n])
+        return fn(x, caches[n], torch.tensor([pos]))
+
+    with torch.no_grad():
+        for n in (3, 4):
+            assert torch.equal(call(compiled, n, caches, 0), call(_PerBatchCache(), n, theirs, 0))
+        graph = cgcompile.compiled_graphs()[-1]
+        assert graph.plan.batch_state  # the cache: dim 0 is the batch
+        assert cgcompile.capture_all(progress=False) > 0  # keys 3 and 4, one per cache
+        before = cgcompile.counters.num_cudagraph_captured
+        for pos, n in enumerate((4, 3, 4, 3), start=1):
+            got, want = call(compiled, n, caches, pos), call(_PerBatchCache(), n, theirs, pos)
+            assert torch.equal(got, want) and torch.equal(caches[n], theirs[n])
+    assert cgcompile.counters.num_cudagraph_captured == before  # replays of captured keys
