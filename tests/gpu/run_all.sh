@@ -81,6 +81,9 @@ run host host-per-call.log python benchmarks/host_per_call.py --out "$out" --lay
 # not in the default stages (each fits one device call, ~5 min): the 64-layer peers (STAGES=host64)
 run host64 host-per-call-64.log python benchmarks/host_per_call.py --out "$out/host64" \
   --layers 64 --rounds 2
+# not in the default stages: the default call's host time split into guards, the rest of Dynamo
+# and cgcompile's share, 16 and 64 layers, three families, one process each (STAGES=guards)
+run guards guard-costs.log python benchmarks/guard_costs.py --out "$out/guards" --cuda
 run loop decode-loop.log python benchmarks/decode_loop.py --out "$out" --piecewise
 run quickstart quickstart.log python examples/quickstart.py
 run bench benchmark.log python benchmarks/decode.py --out "$out" "$@"
