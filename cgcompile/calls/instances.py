@@ -16,16 +16,16 @@ as rotary tables, are often shared by the instances of a layer), name the slot b
 and must be at the addresses they had, and the identity and address of all static tensors are
 compared again only after a *parameter event*, counted process-wide (`EVENTS`): a parameter,
 buffer or submodule assigned to any module (torch's global registration hooks: `module.weight =
-p`, `register_buffer`, `load_state_dict(assign=True)`) or a static tensor of a slot freed (its
-weak reference's callback), or after a representative moved (`p.data = t` on it, and
-`model.half()` or `.to(...)`, which swap every parameter's `.data`). A slot whose tensors are
-the same but moved keeps its number and loses its graphs (`on_drop`): they read the old
-addresses. Not seen: writes that bypass the module (`module._parameters[name] = t`, as
-`torch.func.functional_call` does) and `p.data = t` on a parameter other than the two
-representatives (assign through the module, or copy into the parameter, `p.copy_(t)`, which
-keeps its address), and two instances of one class that share both representatives but not
-every parameter, when neither was built after the other's first call (a built module registers
-its parameters: an event).
+p`, `register_buffer`, `load_state_dict(assign=True)`), a static tensor of a slot freed (its
+weak reference's callback), or the storage a static tensor had at the last full check freed
+(`p.data = t` on any parameter, `model.half()`, `.to(...)`: the old data is dropped), or after
+a representative moved. A slot whose tensors are the same but moved keeps its number and loses
+its graphs (`on_drop`): they read the old addresses. Not seen: writes that bypass the module
+(`module._parameters[name] = t`, as `torch.func.functional_call` does), `p.data = t` while the
+old data is still held elsewhere (its storage is not freed; the graphs read the old values,
+which stay valid memory) on a parameter other than the two representatives, and two instances
+of one class that share both representatives but not every parameter, when neither was built
+after the other's first call (a built module registers its parameters: an event).
 
     slots = InstanceSlots(plan.static_tensors, plan.in_place, on_drop=forget, borrow=borrow)
     slot = slots.slot_of(args)          # None: more live instances than MAX_INSTANCES
@@ -86,6 +86,9 @@ class Instance:
     representatives alone name this instance."""
     addresses: tuple[int, ...] = ()
     """`data_ptr` of each static tensor at the last full check: what its graphs read."""
+    storages: list[weakref.ref[Any]] = dataclasses.field(default_factory=list)
+    """Weak references to the storages of the static tensors at the last full check: one
+    freed (`p.data = t` dropped the old data) is a parameter event."""
     first_address: int = 0
     last_address: int = 0
     """`data_ptr` of the two representatives then; a call that finds them elsewhere is checked
@@ -175,6 +178,7 @@ class InstanceSlots:
                 instance.in_place_ptrs = None
                 self._on_drop(slot)
             instance.addresses = addresses
+            instance.storages = _watch_storages(statics)
         if self.reps is None:
             params = [i for i in self._static if isinstance(args[i], torch.nn.Parameter)]
             self.reps = (params[0], params[-1]) if params else (self._static[0], self._static[-1])
@@ -259,6 +263,25 @@ class InstanceSlots:
             for pair in [p for p, s in self.by_reps.items() if s == slot]:
                 del self.by_reps[pair]
             self._on_drop(slot)
+
+
+def _watch_storages(tensors: Iterable[torch.Tensor]) -> list[weakref.ref[Any]]:
+    """Weak references whose callback counts a parameter event when a storage is freed. Torch
+    keeps one Python object per storage for its whole life, so the callback runs when the
+    storage itself goes: after `p.data = t` on any parameter, unless the old data is still
+    held elsewhere."""
+    storages = {}
+    for t in tensors:
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a tensor without a storage (sparse)
+            continue
+        storages[id(storage)] = storage
+    return [weakref.ref(s, _storage_freed) for s in storages.values()]
+
+
+def _storage_freed(_: Any) -> None:
+    EVENTS.bump()
 
 
 def weak_method(method: Callable[..., None]) -> Callable[..., None]:

@@ -16,28 +16,26 @@ recaptures, if need be): positional arguments only, as many as at binding; each 
 argument's dtype and rank; grad mode; and, in O(1) whatever the model's size, what the compiled
 model's own instance check sees (`instances`): no parameter event since binding (a parameter,
 buffer or submodule assigned to any module: `model.w = nn.Parameter(...)`,
-`load_state_dict(assign=True)`) and the graph's two representative parameters at the addresses
-they had (`p.data = t` on either, `model.half()`, `.to(dtype or device)`). What it does not
-check (the promise): `p.data = t` on another parameter, writes that bypass the module
-(`module._parameters[name] = t`), the model's Python attributes and hooks, global flags, tensor
-arguments' devices and non-batch sizes. It refuses, with one WARNING, and then always calls the
-compiled model: a forward with graph breaks or non-batch int inputs, one that returns anything
-but a graph output or a tuple or list of them (Python work after the graph would be skipped),
-and a call that ran no graph of backend='cudagraph_modes'.
+`load_state_dict(assign=True)`; a parameter's old storage freed: `p.data = t` on any,
+`model.half()`, `.to(dtype or device)`) and the graph's two representative parameters at the
+addresses they had. What it does not check (the promise): `p.data = t` while the old data is
+held elsewhere, writes that bypass the module (`module._parameters[name] = t`), the model's
+Python attributes and hooks, global flags, tensor arguments' devices and non-batch sizes. It
+refuses, with one WARNING, and then always calls the compiled model: a forward with graph
+breaks or non-batch int inputs, one that returns anything but a graph output or a tuple or list
+of them (Python work after the graph would be skipped), and a call that ran no graph of
+backend='cudagraph_modes'.
 
 Why cgcompile drops none of Dynamo's guards (torch 2.13's source; issue 41): a backend cannot
 filter the guards of its own graphs. `torch.compile` pops `guard_filter_fn` out of `options`
 into Dynamo's hooks before the backend is built, and Dynamo builds the guards from those hooks
-after the backend returned; the backend gets only the graph and its options. The example Llama
-has ~134 guards per layer, 11 of them tensor guards on parameters and buffers, the ones
-cgcompile could replace: dropping them (`options={"guard_filter_fn": ...}`) took the guard check
-of 16 layers from 48 to 20 us (development CPU, one run beside a test run), the rest (hooks
-dicts, attributes, types, constants such as `training`) still growing with depth. Not shipped:
-it is less safe than the default. cgcompile sees per call only the two representatives' identity
-and address, so a partial move (`model.layers[3].half()`, `.to()` of one submodule,
-`requires_grad_()` or a reshaped `.data` on another parameter) would replay graphs traced and
-captured for the old tensors, and a replaced parameter of another dtype or shape, seen at the
-next full check, cannot make Dynamo recompile from inside a call.
+after the backend returned; the backend gets only the graph and its options. Nor would it pay:
+`benchmarks/guard_costs.py` counts 4-8% of the guards on parameters and buffers (what the
+instance check could stand for) and 78-91% on module attributes (hook dicts, types, `training`,
+flags), which cgcompile does not see; and with no guard at all Dynamo's path (its frame entry
+and the bytecode that gathers every parameter) still grows 2.2-2.4x from 16 to 64 layers. A
+dropped tensor guard would also lose Dynamo's retrace: a parameter moved to another dtype or
+shape is an event here, but a call cannot make Dynamo recompile from inside it.
 
     fast = cgcompile.trusted(compiled)     # after warm-up calls of the compiled model
     logits = fast(tokens, positions)

@@ -72,7 +72,7 @@ def portable_guards(
     """A `guard_filter_fn` for the AOT compile of `forward(*args, **kwargs)` that keeps every
     guard a saved file can rebuild in another process (see the module doc)."""
     identity = _identity_guard_types()
-    scope = _frame_scope(forward, args, kwargs)
+    scope = frame_scope(forward, args, kwargs)
 
     def keep(entries: Sequence[Any]) -> list[bool]:
         kept = [_portable(entry, identity, scope) for entry in entries]
@@ -110,7 +110,7 @@ def _portable(entry: Any, identity: frozenset[str], scope: dict[str, Any]) -> bo
     return True
 
 
-def _frame_scope(
+def frame_scope(
     forward: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
 ) -> dict[str, Any]:
     """The names Dynamo's guard sources are written in for a call `forward(*args, **kwargs)`:

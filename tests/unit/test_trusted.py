@@ -91,7 +91,12 @@ def _swap_data(model: nn.Module, eager: nn.Module, name: str) -> None:
     eager.get_parameter(name).data = new.clone()
 
 
-@pytest.mark.parametrize("name", ["a.weight", "b.bias"], ids=["first", "last"])
+SWAPPED = pytest.mark.parametrize(
+    "name", ["a.weight", "b.weight", "b.bias"], ids=["first", "middle", "last"]
+)
+
+
+@SWAPPED
 def test_trusted_sees_a_swapped_data_and_recaptures(name):
     fast, model, eager = _warm()
     with cgcompile.counters.expect(num_cudagraph_captured=1):  # its graphs read the old data
@@ -99,14 +104,16 @@ def test_trusted_sees_a_swapped_data_and_recaptures(name):
         _through_then_replays(fast, model, eager)
 
 
-def test_the_compiled_model_sees_a_swapped_data_and_recaptures():
+@SWAPPED
+def test_the_compiled_model_sees_a_swapped_data_and_recaptures(name):
+    """Any parameter's: the freed storage of the old data is a parameter event."""
     torch.manual_seed(0)
     model = Net().eval()
     eager = copy.deepcopy(model)
     compiled = compile_model(model, "FULL")
     _steps(compiled, eager)
     with cgcompile.counters.expect(num_cudagraph_captured=1):
-        _swap_data(model, eager, "a.weight")
+        _swap_data(model, eager, name)
         _steps(compiled, eager)
 
 
