@@ -61,3 +61,24 @@ def test_decode_steps_recognised_from_the_shape_cuda():
             torch.testing.assert_close(compiled(ids), model(ids), rtol=1e-3, atol=1e-3)
     full = [k for g in cgcompile.compiled_graphs() for k in g.report.captured.get("FULL", [])]
     assert "4u4" in full  # the decode steps replayed full graphs, with no hint
+
+
+@pytest.mark.parametrize("trusted", [False, True], ids=["compiled", "trusted"])
+def test_a_middle_parameters_swapped_data_is_read_after_the_swap_cuda(trusted):
+    """Real graphs bake in addresses: after `p.data = t` on a parameter that is neither the
+    first nor the last, the next calls must read `t` (its old storage freed is an event)."""
+    model, eager = _llama()
+    compiled = compile_model(model, "FULL", "inductor", "cuda")
+    call = cgcompile.trusted(compiled) if trusted else compiled
+    name = [n for n, _ in model.named_parameters()][len(list(model.parameters())) // 2]
+    with torch.no_grad(), cgcompile.batch_hint(uniform_decode=True):
+        for swap in (False, False, True, False, False):
+            if swap:
+                new = torch.randn_like(model.get_parameter(name))
+                model.get_parameter(name).data = new
+                eager.get_parameter(name).data = new.clone()
+            for n in (4, 4, 8, 4):
+                tokens, positions = make_inputs(model.cfg, n, "cuda")
+                mark_batch(model.cfg, tokens, positions)
+                got = call(tokens, positions)
+                torch.testing.assert_close(got, eager(tokens, positions), rtol=1e-3, atol=1e-3)
