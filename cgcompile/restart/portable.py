@@ -73,9 +73,11 @@ def portable_guards(
     guard a saved file can rebuild in another process (see the module doc)."""
     identity = _identity_guard_types()
     scope = frame_scope(forward, args, kwargs)
+    helpers = getattr(torch._dynamo.guards, "_get_closure_vars", dict)()  # names sources use
 
     def keep(entries: Sequence[Any]) -> list[bool]:
-        kept = [_portable(entry, identity, scope) for entry in entries]
+        values: dict[Any, Any] = {}  # a source's value, evaluated once for all guards
+        kept = [_portable(entry, identity, (scope, helpers), values) for entry in entries]
         dropped = [e.name for e, k in zip(entries, kept, strict=True) if not k]
         if dropped:
             logger.info(
@@ -91,7 +93,14 @@ def portable_guards(
     return keep
 
 
-def _portable(entry: Any, identity: frozenset[str], scope: dict[str, Any]) -> bool:
+def _portable(
+    entry: Any,
+    identity: frozenset[str],
+    scope: tuple[dict[str, Any], dict[str, Any]],
+    values: dict[Any, Any],
+) -> bool:
+    """Whether `entry`'s guard can be saved and rebuilt elsewhere; `scope`: the names its
+    source is written in and Dynamo's helpers; `values`: sources already evaluated."""
     if getattr(entry, "is_global", False) or entry.guard_type in identity:
         return False
     if identity.intersection(getattr(entry, "derived_guard_types", None) or ()):
@@ -102,7 +111,7 @@ def _portable(entry: Any, identity: frozenset[str], scope: dict[str, Any]) -> bo
     source = getattr(getattr(entry, "orig_guard", None), "originating_source", None)
     while (source := getattr(source, "base", None)) is not None:
         try:
-            value = source.get_value(scope, torch._dynamo.guards._get_closure_vars(), {})
+            value = source.get_value(*scope, values)
         except Exception:  # a source Python cannot evaluate here: nothing known against it
             continue
         if not findable(value):
@@ -131,14 +140,23 @@ def closure_externals(forward: Callable[..., Any]) -> dict[str, Any]:
     """The functions in `forward`'s closure that pickle cannot find by name, keyed by their
     place: saved as references, supplied from the live `forward` when loading."""
     cells = getattr(forward, "__closure__", None) or ()
-    values = (cell.cell_contents for cell in cells)
-    return {f"closure {i}": v for i, v in enumerate(values) if not findable(v)}
+    found = {}
+    for i, cell in enumerate(cells):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if not findable(value):
+            found[f"closure {i}"] = value
+    return found
 
 
 def module_globals(fn: Any) -> dict[str, str]:
     """The modules an AOT-compiled function's bytecode reads as globals that Dynamo installed,
     by module name (only this process knows them by id)."""
-    env = fn._artifacts.runtime_env
+    env = getattr(getattr(fn, "_artifacts", None), "runtime_env", None)
+    if env is None:  # a torch that keeps no runtime environment: nothing to record
+        return {}
     known = set(env.import_sources) | set(env.used_globals)
     by_id = {id(module): name for name, module in list(sys.modules.items())}
     found = {}
