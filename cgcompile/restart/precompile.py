@@ -35,6 +35,7 @@ at its first call, with one WARNING, and nothing is saved.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import json
@@ -43,7 +44,7 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,8 @@ def precompile(
         return Precompiled(model, options, functions, True, None, seconds, steps)
     try:
         try:
-            functions = _compile_and_save(model, examples, target, options)
+            with _quiet_guard_errors() if auto else contextlib.nullcontext():
+                functions = _compile_and_save(model, examples, target, options)
         except ConstraintViolationError as exc:
             if not auto:
                 raise
@@ -131,6 +133,19 @@ def precompile(
     seconds = time.perf_counter() - start
     logger.info("%s precompiled in %.2fs", _name(model), seconds)
     return Precompiled(model, options, functions, False, why, seconds)
+
+
+@contextlib.contextmanager
+def _quiet_guard_errors() -> Iterator[None]:
+    """Torch logs a failed guard with its traceback at ERROR before raising; a batch marked by
+    `precompile` that the model fixes fails so, is handled, and said at INFO instead."""
+    guards = logging.getLogger("torch._guards")
+    level = guards.level
+    guards.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        guards.setLevel(level)
 
 
 def _check(model: Any, examples: Any, path: Any, options: dict[str, Any] | None) -> dict[str, Any]:
