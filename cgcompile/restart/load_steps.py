@@ -1,6 +1,6 @@
 """The steps of a precompiled load, timed: what `Precompiled.load_steps` reports.
 
-A load (`precompile._load`) runs, in seconds per step:
+A load (`saved_file.load`) runs, in seconds per step:
 - `read`: the file's bytes; `header`: its header checked against this process;
 - `unpickle`: the payload (Inductor's artifacts and the saved functions, still as bytes);
 - `inductor artifacts`: `torch.compiler.load_cache_artifacts` (into this process's caches);

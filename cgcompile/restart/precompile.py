@@ -8,7 +8,7 @@ with torch's AOT compile (torch >= 2.10: Dynamo's bytecode and the guards that c
 processes, `restart.portable`; one `SavedGraph` per example) and the file is written, with
 this process's Inductor artifacts.
 
-Steps of a load:
+Steps of a load (`restart.saved_file`):
 1. read the header and compare it with this process: cgcompile, torch and Python versions, the
    GPU, digests of the options and of the examples (dtypes, devices, shapes but the marked
    dims, grad mode), the checksums of every source file Dynamo traced; any
@@ -37,12 +37,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
-import json
 import logging
 import os
 import pickle
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -55,21 +52,14 @@ from cgcompile import torch_features
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import CGCompileError, ConfigError, ConfigTypeError
 from cgcompile.options import TORCH_COMPILE_KEYS
-from cgcompile.restart import load_steps
-from cgcompile.restart.compile_cache import header_differences, precompile_header, source_checksum
+from cgcompile.restart import load_steps, saved_file
+from cgcompile.restart.compile_cache import precompile_header, source_checksum
 from cgcompile.restart.examples import Example, call_of, dynamic_first, marked
-from cgcompile.restart.portable import (
-    closure_externals,
-    import_globals,
-    module_globals,
-    portable_guards,
-)
+from cgcompile.restart.portable import closure_externals, portable_guards
 from cgcompile.restart.precompiled import Precompiled
 from cgcompile.restart.saved_graph import saving_backend
 
 logger = logging.getLogger(__name__)
-
-MAGIC = b"cgcompile-precompiled 2\n"
 
 
 def precompile(
@@ -96,7 +86,9 @@ def precompile(
     examples, auto = marked(given)
     examples = dynamic_first(examples)
     with load_steps.collecting() as steps:
-        functions, why = _load(target, options, examples, given if auto else None, model)
+        functions, why = saved_file.load(
+            target, options, examples, given if auto else None, _forward(model)
+        )
     if functions is not None:
         seconds = time.perf_counter() - start
         steps = load_steps.inside_torch(steps)
@@ -173,64 +165,6 @@ def _check(model: Any, examples: Any, path: Any, options: dict[str, Any] | None)
     return options
 
 
-def _load(
-    target: Path,
-    options: dict[str, Any],
-    examples: list[Example],
-    unmarked: list[Example] | None,
-    model: Callable[..., Any],
-) -> tuple[list[Any] | None, str]:
-    """(the loaded functions, "") or (None, why not); each step timed (`load_steps`).
-    `unmarked`: the examples before `precompile` marked them, which a file saved with static
-    batches (`"batch": "static"` in its header) was compiled for."""
-    if not target.exists():
-        return None, f"no file at {target}"
-    with load_steps.step("read"):
-        data = target.read_bytes()
-    with load_steps.step("header"):
-        header_line, _, payload = data[len(MAGIC) :].partition(b"\n")
-        try:
-            header = json.loads(header_line) if data.startswith(MAGIC) else None
-        except ValueError:
-            header = None
-        if isinstance(header, dict) and header.get("batch") == "static" and unmarked:
-            examples = dynamic_first(unmarked)
-        differ = header_differences(header, options, examples) if isinstance(header, dict) else []
-    if not isinstance(header, dict):
-        return _refuse(target, "it is not a precompiled cgcompile model")
-    if differ:
-        return _refuse(target, "it was saved with " + "; ".join(differ))
-    try:
-        with load_steps.step("unpickle"):
-            saved = pickle.loads(payload)
-        if saved["cache"] is not None:
-            with load_steps.step("inductor artifacts"):
-                torch.compiler.load_cache_artifacts(saved["cache"])
-        start = time.perf_counter()
-        externals = closure_externals(_forward(model))
-        functions = [_load_function(f, externals) for f in saved["functions"]]
-        load_steps.add("torch's loader", time.perf_counter() - start)
-    except Exception as exc:  # anything torch's loader raises: compile instead, say why
-        logger.debug("loading %s failed", target, exc_info=True)
-        return _refuse(target, f"loading it failed with {type(exc).__name__}: {exc}")
-    return functions, ""
-
-
-def _refuse(target: Path, why: str) -> tuple[None, str]:
-    logger.warning("%s not loaded: %s; compiling the model and saving it again", target, why)
-    return None, why
-
-
-def _load_function(saved: dict[str, Any], externals: dict[str, Any]) -> Any:
-    fn = torch.compiler.load_compiled_function(
-        io.BytesIO(saved["data"]),
-        f_globals=import_globals(saved["modules"]) or None,
-        **({"external_data": externals} if externals else {}),
-    )
-    fn.disable_guard_check()  # Precompiled checks the guards before each call
-    return fn
-
-
 def _forward(model: Callable[..., Any]) -> Callable[..., Any]:
     return type(model).forward if isinstance(model, torch.nn.Module) else model
 
@@ -265,7 +199,7 @@ def _compile_and_save(
     checksums = {m: c for m in sorted(sources) if (c := source_checksum(m)) is not None}
     header = {**precompile_header(options, examples, checksums), "batch": batch}
     try:
-        _save(target, functions, header, closure_externals(forward))
+        saved_file.save(target, functions, header, closure_externals(forward))
     except (OSError, pickle.PicklingError, AttributeError, TypeError, RuntimeError) as exc:
         # what pickling raises for what it cannot save (a class defined in a function: torch's
         # guards name the model's class), besides the file system's errors
@@ -273,36 +207,6 @@ def _compile_and_save(
     for fn in functions:
         fn.disable_guard_check()
     return functions
-
-
-def _save(
-    target: Path, functions: list[Any], header: dict[str, Any], externals: dict[str, Any]
-) -> None:
-    """Write the functions and this process's Inductor artifacts (replaced whole)."""
-    saved_cache = torch.compiler.save_cache_artifacts()
-    payload = pickle.dumps(
-        {
-            "functions": [
-                {"data": _serialize(fn, externals), "modules": module_globals(fn)}
-                for fn in functions
-            ],
-            "cache": saved_cache[0] if saved_cache is not None else None,
-        }
-    )
-    temporary = target.with_name(target.name + ".partial")
-    temporary.write_bytes(MAGIC + json.dumps(header).encode() + b"\n" + payload)
-    temporary.replace(target)  # a reader never sees half a file
-    logger.info("saved to %s: %d bytes", target, len(payload))
-
-
-def _serialize(fn: Any, externals: dict[str, Any]) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp:
-        file = Path(tmp) / "fn"
-        if externals:  # references to the live forward's closure, not saved
-            fn.save_compiled_function(str(file), external_data=externals)
-        else:
-            fn.save_compiled_function(str(file))
-        return file.read_bytes()
 
 
 def _just_in_time(

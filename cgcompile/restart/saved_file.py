@@ -1,0 +1,127 @@
+"""A precompiled model's file: a header line, then the pickled compiled functions and this
+process's Inductor artifacts (`restart.precompile` compiles what goes in).
+
+    MAGIC
+    {"torch": ..., "options": digest, "examples": digest, "sources": {module: checksum}, ...}
+    pickle({"functions": [{"data": torch's saved function, "modules": module globals}],
+            "cache": torch.compiler.save_cache_artifacts() bytes})
+
+`load` checks the header against this process before it unpickles anything, and times each
+step (`load_steps`); a file that does not fit, or that torch fails to load, is refused with one
+WARNING and the reason (the caller compiles and saves again). `save` writes a whole new file
+beside the old and renames it: a reader never sees half a file.
+
+    functions, why = load(path, options, examples, unmarked, forward)   # None, why: refused
+    save(path, functions, header, closure_externals(forward))
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import pickle
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cgcompile.restart import load_steps
+from cgcompile.restart.compile_cache import header_differences
+from cgcompile.restart.examples import Example, dynamic_first
+from cgcompile.restart.portable import closure_externals, import_globals, module_globals
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"cgcompile-precompiled 2\n"
+
+
+def load(
+    target: Path,
+    options: dict[str, Any],
+    examples: list[Example],
+    unmarked: list[Example] | None,
+    forward: Callable[..., Any],
+) -> tuple[list[Any] | None, str]:
+    """(the loaded functions, "") or (None, why not); each step timed (`load_steps`).
+    `unmarked`: the examples before `precompile` marked them, which a file saved with static
+    batches (`"batch": "static"` in its header) was compiled for."""
+    if not target.exists():
+        return None, f"no file at {target}"
+    with load_steps.step("read"):
+        data = target.read_bytes()
+    with load_steps.step("header"):
+        header_line, _, payload = data[len(MAGIC) :].partition(b"\n")
+        try:
+            header = json.loads(header_line) if data.startswith(MAGIC) else None
+        except ValueError:
+            header = None
+        if isinstance(header, dict) and header.get("batch") == "static" and unmarked:
+            examples = dynamic_first(unmarked)
+        differ = header_differences(header, options, examples) if isinstance(header, dict) else []
+    if not isinstance(header, dict):
+        return _refuse(target, "it is not a precompiled cgcompile model")
+    if differ:
+        return _refuse(target, "it was saved with " + "; ".join(differ))
+    try:
+        with load_steps.step("unpickle"):
+            saved = pickle.loads(payload)
+        if saved["cache"] is not None:
+            with load_steps.step("inductor artifacts"):
+                torch.compiler.load_cache_artifacts(saved["cache"])
+        start = time.perf_counter()
+        externals = closure_externals(forward)
+        functions = [_load_function(f, externals) for f in saved["functions"]]
+        load_steps.add("torch's loader", time.perf_counter() - start)
+    except Exception as exc:  # anything torch's loader raises: compile instead, say why
+        logger.debug("loading %s failed", target, exc_info=True)
+        return _refuse(target, f"loading it failed with {type(exc).__name__}: {exc}")
+    return functions, ""
+
+
+def _refuse(target: Path, why: str) -> tuple[None, str]:
+    logger.warning("%s not loaded: %s; compiling the model and saving it again", target, why)
+    return None, why
+
+
+def _load_function(saved: dict[str, Any], externals: dict[str, Any]) -> Any:
+    fn = torch.compiler.load_compiled_function(
+        io.BytesIO(saved["data"]),
+        f_globals=import_globals(saved["modules"]) or None,
+        **({"external_data": externals} if externals else {}),
+    )
+    fn.disable_guard_check()  # Precompiled checks the guards before each call
+    return fn
+
+
+def save(
+    target: Path, functions: list[Any], header: dict[str, Any], externals: dict[str, Any]
+) -> None:
+    """Write the functions and this process's Inductor artifacts (replaced whole)."""
+    saved_cache = torch.compiler.save_cache_artifacts()
+    payload = pickle.dumps(
+        {
+            "functions": [
+                {"data": _serialize(fn, externals), "modules": module_globals(fn)}
+                for fn in functions
+            ],
+            "cache": saved_cache[0] if saved_cache is not None else None,
+        }
+    )
+    temporary = target.with_name(target.name + ".partial")
+    temporary.write_bytes(MAGIC + json.dumps(header).encode() + b"\n" + payload)
+    temporary.replace(target)  # a reader never sees half a file
+    logger.info("saved to %s: %d bytes", target, len(payload))
+
+
+def _serialize(fn: Any, externals: dict[str, Any]) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        file = Path(tmp) / "fn"
+        if externals:  # references to the live forward's closure, not saved
+            fn.save_compiled_function(str(file), external_data=externals)
+        else:
+            fn.save_compiled_function(str(file))
+        return file.read_bytes()
