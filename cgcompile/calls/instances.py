@@ -34,6 +34,7 @@ after the other's first call (a built module registers its parameters: an event)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -270,6 +271,8 @@ def _watch_storages(tensors: Iterable[torch.Tensor]) -> list[weakref.ref[Any]]:
     keeps one Python object per storage for its whole life, so the callback runs when the
     storage itself goes: after `p.data = t` on any parameter, unless the old data is still
     held elsewhere."""
+    if not _storages_keep_their_python_object():
+        return []  # a weak reference would die with the wrapper, not with the storage
     storages = {}
     for t in tensors:
         try:
@@ -282,6 +285,12 @@ def _watch_storages(tensors: Iterable[torch.Tensor]) -> list[weakref.ref[Any]]:
 
 def _storage_freed(_: Any) -> None:
     EVENTS.bump()
+
+
+@functools.cache
+def _storages_keep_their_python_object() -> bool:
+    probe = torch.empty(1)
+    return probe.untyped_storage() is probe.untyped_storage()
 
 
 def weak_method(method: Callable[..., None]) -> Callable[..., None]:
