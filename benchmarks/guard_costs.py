@@ -10,8 +10,8 @@ calls, each timed alone with the device synchronised before it, of the compiled 
 of its guard check alone (`guard_manager.check` on the call's frame locals) and of its
 `CompiledGraph` called with the arguments Dynamo passes (cgcompile's share, replay included).
 Families (`--families`): the example Llama, the KV-rows step, a Hugging Face Llama; tiny dims
-(host time depends on the number of modules and tensors, not on their sizes), FULL, batch 8. On
-the CPU replays are no-ops; `--cuda` replays real graphs.
+(host time depends on the number of modules and tensors, not on their sizes), eager pieces,
+FULL, batch 8. On the CPU replays are no-ops; `--cuda` replays real graphs.
 
     python benchmarks/guard_costs.py --out OUT [--layers 16 64] [--families llama rows hf] [--cuda]
 """
@@ -110,7 +110,7 @@ def child(family: str, layers: int, variant: str, calls: int, cuda: bool) -> dic
         return [True] * len(entries)
 
     options: dict[str, Any] = {"cudagraph_mode": "FULL", "cudagraph_capture_sizes": [8]}
-    options |= {"compiler": "eager"} if not cuda else {}
+    options |= {"compiler": "eager"}  # the kernels inside a replayed graph cost no host time
     options |= {"graph_runtime": "simulated"} if not cuda else {}
     options["guard_filter_fn"] = torch.compiler.skip_all_guards_unsafe
     if variant != "no-guards":
