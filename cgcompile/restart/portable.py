@@ -20,7 +20,8 @@ could not be saved:
   (torch's `external_data`) and taken from the live class's forward at load.
 - **Modules Dynamo installs as globals** (`___module_<name>_<id>_c<n>`, where the forward's
   code reads a module through another module's globals): `module_globals(fn)` records their
-  module names at save, `import_globals` imports them at load.
+  module names at save, `import_globals` imports them at load; and on torch 2.11 the builtins
+  the bytecode names (`builtins_as_globals`).
 
     guards = portable_guards(forward, (model, *args), kwargs)
     fn = torch.compile(forward, backend=..., options={"guard_filter_fn": guards}).aot_compile(
@@ -32,13 +33,14 @@ could not be saved:
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib
 import inspect
 import logging
 import re
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -165,6 +167,29 @@ def module_globals(fn: Any) -> dict[str, str]:
         if match and int(match.group(1)) in by_id:
             found[ref] = by_id[int(match.group(1))]
     return found
+
+
+@contextlib.contextmanager
+def builtins_as_globals() -> Iterator[None]:
+    """While torch builds an AOT-compiled function (compiling or loading it), the builtins its
+    bytecode names (`type`, `len`) count as its globals: torch 2.11 checks that every global
+    name the bytecode reads is supplied and forgets the builtins, which torch 2.13 adds."""
+    env_class = getattr(torch._dynamo.convert_frame, "GraphRuntimeEnv", None)
+    original = getattr(env_class, "forward_callable", None)
+    if original is None:
+        yield
+        return
+
+    def forward_callable(env: Any, *args: Any, extra_globals: Any = None, **kwargs: Any) -> Any:
+        names = getattr(env, "external_refs", ())
+        found = {name: getattr(builtins, name) for name in names if hasattr(builtins, name)}
+        return original(env, *args, extra_globals={**found, **(extra_globals or {})}, **kwargs)
+
+    env_class.forward_callable = forward_callable
+    try:
+        yield
+    finally:
+        env_class.forward_callable = original
 
 
 def import_globals(names: dict[str, str]) -> dict[str, types.ModuleType]:

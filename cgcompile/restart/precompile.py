@@ -55,7 +55,7 @@ from cgcompile.options import TORCH_COMPILE_KEYS
 from cgcompile.restart import load_steps, saved_file
 from cgcompile.restart.compile_cache import precompile_header, source_checksum
 from cgcompile.restart.examples import Example, call_of, dynamic_first, marked
-from cgcompile.restart.portable import closure_externals, portable_guards
+from cgcompile.restart.portable import builtins_as_globals, closure_externals, portable_guards
 from cgcompile.restart.precompiled import Precompiled
 from cgcompile.restart.saved_graph import saving_backend
 
@@ -184,7 +184,7 @@ def _compile_and_save(
     # static: each example for its own shapes, whatever sizes the others (or a failed marked
     # attempt) showed Dynamo for this code
     settings = {"enable_aot_compile": True, "automatic_dynamic_shapes": batch != "static"}
-    with torch._dynamo.config.patch(**settings):
+    with torch._dynamo.config.patch(**settings), builtins_as_globals():
         for example in examples:
             args, kwargs = call_of(example)
             args = (*prefix, *args)

@@ -32,7 +32,12 @@ import torch
 from cgcompile.restart import load_steps
 from cgcompile.restart.compile_cache import header_differences
 from cgcompile.restart.examples import Example, dynamic_first
-from cgcompile.restart.portable import closure_externals, import_globals, module_globals
+from cgcompile.restart.portable import (
+    builtins_as_globals,
+    closure_externals,
+    import_globals,
+    module_globals,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +79,8 @@ def load(
                 torch.compiler.load_cache_artifacts(saved["cache"])
         start = time.perf_counter()
         externals = closure_externals(forward)
-        functions = [_load_function(f, externals) for f in saved["functions"]]
+        with builtins_as_globals():
+            functions = [_load_function(f, externals) for f in saved["functions"]]
         load_steps.add("torch's loader", time.perf_counter() - start)
     except Exception as exc:  # anything torch's loader raises: compile instead, say why
         logger.debug("loading %s failed", target, exc_info=True)
