@@ -15,17 +15,15 @@ representative tensors, the first and the last parameter among the static inputs
 as rotary tables, are often shared by the instances of a layer), name the slot by their identity
 and must be at the addresses they had, and the identity and address of all static tensors are
 compared again only after a *parameter event*, counted process-wide (`EVENTS`): a parameter,
-buffer or submodule assigned to any module (torch's global registration hooks: `module.weight =
-p`, `register_buffer`, `load_state_dict(assign=True)`), a static tensor of a slot freed (its
-weak reference's callback), or the storage a static tensor had at the last full check freed
-(`p.data = t` on any parameter, `model.half()`, `.to(...)`: the old data is dropped), or after
-a representative moved. A slot whose tensors are the same but moved keeps its number and loses
-its graphs (`on_drop`): they read the old addresses. Not seen: writes that bypass the module
-(`module._parameters[name] = t`, as `torch.func.functional_call` does), `p.data = t` while the
-old data is still held elsewhere (its storage is not freed; the graphs read the old values,
-which stay valid memory) on a parameter other than the two representatives, and two instances
-of one class that share both representatives but not every parameter, when neither was built
-after the other's first call (a built module registers its parameters: an event).
+buffer or submodule assigned to any module (torch's registration hooks: `module.weight = p`,
+`load_state_dict(assign=True)`), a static tensor of a slot freed, or the storage one had at the
+last full check freed (`p.data = t`, `model.half()`, `.to(...)` drop the old data); or after a
+representative moved. A slot whose tensors moved keeps its number and loses its graphs
+(`on_drop`): they read the old addresses. Not seen: writes that bypass the module
+(`module._parameters[name] = t`, as `torch.func.functional_call` does), `p.data = t` on a
+non-representative while the old data is held elsewhere (graphs read the old, valid memory),
+and two instances of one class sharing both representatives but not every parameter, when
+neither was built after the other's first call (building registers parameters: an event).
 
     slots = InstanceSlots(plan.static_tensors, plan.in_place, on_drop=forget, borrow=borrow)
     slot = slots.slot_of(args)          # None: more live instances than MAX_INSTANCES
@@ -88,8 +86,7 @@ class Instance:
     addresses: tuple[int, ...] = ()
     """`data_ptr` of each static tensor at the last full check: what its graphs read."""
     storages: list[weakref.ref[Any]] = dataclasses.field(default_factory=list)
-    """Weak references to the storages of the static tensors at the last full check: one
-    freed (`p.data = t` dropped the old data) is a parameter event."""
+    """The static tensors' storages at the last full check, weakly: one freed is an event."""
     first_address: int = 0
     last_address: int = 0
     """`data_ptr` of the two representatives then; a call that finds them elsewhere is checked

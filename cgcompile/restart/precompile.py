@@ -101,19 +101,7 @@ def precompile(
         )
         return Precompiled(model, options, functions, True, None, seconds, steps)
     try:
-        try:
-            with _quiet_guard_errors() if auto else contextlib.nullcontext():
-                functions = _compile_and_save(model, examples, target, options)
-        except ConstraintViolationError as exc:
-            if not auto:
-                raise
-            logger.info(
-                "precompile: %s fixes its batch size (%s): each example is compiled for its "
-                "own shapes",
-                _name(model),
-                (str(exc).splitlines() or [""])[0],
-            )
-            functions = _compile_and_save(model, dynamic_first(given), target, options, "static")
+        functions = _compile_marked_else_static(model, examples, given, auto, target, options)
     except CGCompileError:
         raise
     except Exception as exc:  # torch cannot AOT-compile it: a graph break, unsavable guards
@@ -125,6 +113,30 @@ def precompile(
     seconds = time.perf_counter() - start
     logger.info("%s precompiled in %.2fs", _name(model), seconds)
     return Precompiled(model, options, functions, False, why, seconds)
+
+
+def _compile_marked_else_static(
+    model: Callable[..., Any],
+    examples: list[Example],
+    given: list[Example],
+    auto: bool,
+    target: Path,
+    options: dict[str, Any],
+) -> list[Any]:
+    """`_compile_and_save` of the examples; where `precompile` marked them (`auto`) and the
+    model fixes its batch (a constraint violation), of the examples as given, each static."""
+    try:
+        with _quiet_guard_errors() if auto else contextlib.nullcontext():
+            return _compile_and_save(model, examples, target, options)
+    except ConstraintViolationError as exc:
+        if not auto:
+            raise
+        logger.info(
+            "precompile: %s fixes its batch size (%s): each example is compiled for its own shapes",
+            _name(model),
+            (str(exc).splitlines() or [""])[0],
+        )
+        return _compile_and_save(model, dynamic_first(given), target, options, "static")
 
 
 @contextlib.contextmanager
