@@ -143,7 +143,10 @@ done
 # tests first (STAGES=background, ~3 min)
 run background background-tests.log python -m pytest -q -p no:cacheprovider \
   tests/gpu/test_background_cuda.py
-run background background-capture.log python benchmarks/background_capture.py --out "$out"
+for family in llama rows hf-llama; do
+  run background "background-capture-$family.log" python benchmarks/background_capture.py \
+    --out "$out" --family "$family"
+done
 # not in the default stages: time to ready on the other model families, the KV-rows step and
 # HF Llama and Qwen3 cold and precompiled (STAGES=families)
 run families cold-warm-rows.log python benchmarks/cold_warm.py --out "$out/rows" --family rows \
