@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from torch.fx.node import map_aggregate
 from torch.fx.passes.split_module import split_module
@@ -86,14 +87,17 @@ class SplitResult:
 
 def split_graph(gm: fx.GraphModule, matcher: OpMatcher) -> SplitResult:
     """Split `gm` at every node `matcher` matches; `gm` itself is not modified."""
-    gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    # a copy whose Python code is never generated: `split_module` reads only its graph
+    gm = _LazyGraphModule(gm, copy.deepcopy(gm.graph))
     decompose_sizes(gm)
     convert_bool_masks(gm, matcher)  # eager SDPA between pieces would convert them per call
     piece_of = _assign_pieces(gm, matcher)
-    # keep original order: the graph has in-place mutations that a topological sort may reorder
-    split_gm = split_module(
-        gm, None, piece_of.__getitem__, keep_original_order=True, keep_original_node_name=True
-    )
+    # keep original order: the graph has in-place mutations that a topological sort may reorder;
+    # lazy modules: a piece's code is generated when something needs it (`generated_forward`)
+    with _use_lazy_graph_module(True):
+        split_gm = split_module(
+            gm, None, piece_of.__getitem__, keep_original_order=True, keep_original_node_name=True
+        )
     calls = [node for node in split_gm.graph.nodes if node.op == "call_module"]
     items: list[SplitItem] = []
     for index, call in enumerate(calls):
