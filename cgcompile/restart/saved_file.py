@@ -41,7 +41,9 @@ from cgcompile.restart.portable import (
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"cgcompile-precompiled 2\n"
+MAGIC = b"cgcompile-precompiled 3\n"
+"""The format's version: raised when what a file holds no longer fits this code (3: the pieces
+are lazy graph modules, so the saved Inductor artifacts of format 2 would all miss)."""
 
 
 def load(
