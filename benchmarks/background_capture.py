@@ -86,8 +86,10 @@ def main() -> int:
                 break
             keys = job.keys_done
             during.append(timed(family, compiled, call))
-            rows = next(t for t in (*call[0][0], *call[0][1].values()) if torch.is_tensor(t))
-            log.append((round(during[-1], 3), rows.shape[0], call[1], keys))
+            positional, keywords = call[0]
+            tensors = (t for t in (*positional, *keywords.values()) if torch.is_tensor(t))
+            batch = next(tensors).shape[0]
+            log.append((round(during[-1], 3), batch, call[1], keys))
         job.wait()
         result["slowest_during"] = sorted(log, reverse=True)[:8]  # (ms, n, decode, keys done)
         after = [timed(family, compiled, call) for call in calls[: len(during)]]
