@@ -6,9 +6,13 @@ family with a static cache per batch size: one call of each size), the backgroun
 starts and the same list of random calls (sizes 1..512 or the family's sizes, decode or mixed,
 random tokens) runs while it captures; each call is timed as a decode loop sees it (synchronise,
 call, synchronise; wall time). When the capture is done, the calls made during it run again, now
-all from graphs. Printed: calls made during the capture, their p50 and p99 latency against the
-same calls' afterwards, the capture's seconds, keys and graphs; then a soak of `--soak` random
-calls: graphs captured and memory reserved meanwhile (both should be 0).
+all from graphs. Then the control: a fresh process builds the same model, makes the same first
+calls, runs `capture_all()` in the foreground and times the same calls, each for the first time in
+that process as during the capture (a call's first-time costs, e.g. an attention plan for a new
+shape, are paid in both). Printed: calls made during the capture, their p50 and p99 latency
+against the control's and against the same calls' repeated afterwards, the capture's seconds,
+keys and graphs; then a soak of `--soak` random calls: graphs captured and memory reserved
+meanwhile (both should be 0).
 
     python benchmarks/background_capture.py --out DIR [--soak 2000] [--family rows]
 """
@@ -19,7 +23,9 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -60,6 +66,7 @@ def main() -> int:
     parser.add_argument("--soak", type=int, default=2000)
     parser.add_argument("--calls", type=int, default=600, help="random calls prepared")
     parser.add_argument("--family", choices=NAMES, default="llama")
+    parser.add_argument("--control", type=int, help=argparse.SUPPRESS)  # the fresh process
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("background_capture: needs CUDA")
@@ -77,6 +84,12 @@ def main() -> int:
     with torch.inference_mode():
         for n, decode in [(n, True) for n in family.sizes or ()] or [(8, False), (1, True)]:
             timed(family, compiled, (family.inputs(n), decode))
+        if args.control is not None:
+            cgcompile.capture_all(progress=False)
+            ms = [timed(family, compiled, call) for call in calls[: args.control]]
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "control.json").write_text(json.dumps(ms))
+            return 0
         started = time.perf_counter()
         job = cgcompile.capture_all(background=True)
         result["start_returned_ms"] = (time.perf_counter() - started) * 1e3
@@ -102,10 +115,28 @@ def main() -> int:
             "after_ms": percentiles(after) if after else None,
         }
         result |= soak(family, compiled, args.soak)
+    if during:
+        control = run_control(args.family, len(during))
+        result["control_ms"] = percentiles(control)
+        result["during_over_control_p50"] = round(
+            result["during_ms"]["p50"] / result["control_ms"]["p50"], 2
+        )
+        triples = zip(during, control, after, strict=True)
+        result["per_call_ms"] = [  # (during, control, after) of each call
+            (round(d, 3), round(c, 3), round(a, 3)) for d, c, a in triples
+        ]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"background-capture-{args.family}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     return 0
+
+
+def run_control(family: str, calls: int) -> list[float]:
+    """The first `calls` calls' milliseconds in a fresh process with no capture under way."""
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, __file__, "--out", tmp, "--family", family]
+        subprocess.run([*command, "--control", str(calls)], check=True)
+        return json.loads((Path(tmp) / "control.json").read_text())
 
 
 def size(family: Family, rng: random.Random) -> int:

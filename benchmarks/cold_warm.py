@@ -91,9 +91,13 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
 
     with torch.no_grad():
         if args.precompile:
-            compiled, result["precompile_s"] = timed_call(
-                lambda: _precompile(family, args.precompile, options), device
-            )
+            loader = cProfile.Profile() if args.profile_first else None
+            with loader or contextlib.nullcontext():
+                compiled, result["precompile_s"] = timed_call(
+                    lambda: _precompile(family, args.precompile, options), device
+                )
+            if loader is not None:
+                loader.dump_stats(Path(args.profile_first) / f"precompile-{args.phase}.prof")
             result["precompile_loaded"] = compiled.loaded
             result["load_steps"] = compiled.load_steps
         profiler = cProfile.Profile() if args.profile_first else None
@@ -241,7 +245,9 @@ def main() -> None:
     parser.add_argument("--options", default="{}", help="extra cgcompile options, as JSON")
     parser.add_argument("--family", choices=NAMES, default="llama", help="the model family")
     parser.add_argument(
-        "--profile-first", metavar="DIR", help="cProfile each phase's first call into DIR"
+        "--profile-first",
+        metavar="DIR",
+        help="cProfile each phase's first call (and its precompile or load) into DIR",
     )
     parser.add_argument(
         "--no-prime", action="store_true", help="no throwaway process to fill Python's .pyc cache"
