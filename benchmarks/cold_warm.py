@@ -115,9 +115,13 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
         if args.phase == "largest":
             return {**result, **_largest_keys(call, device), **_profiled_capture(device)}
         reserved = torch.cuda.memory_reserved() if cuda else 0
-        captured, result["capture_all_s"] = timed_call(
-            lambda: cgcompile.capture_all(progress=False), device
-        )
+        capturer = cProfile.Profile() if args.profile_first else None
+        with capturer or contextlib.nullcontext():
+            captured, result["capture_all_s"] = timed_call(
+                lambda: cgcompile.capture_all(progress=False), device
+            )
+        if capturer is not None:
+            capturer.dump_stats(Path(args.profile_first) / f"capture-all-{args.phase}.prof")
         result["graphs_captured"] = captured
         graphs = cgcompile.compiled_graphs()
         result["graph_memory_mib"] = _graph_memory_mib()
@@ -247,7 +251,7 @@ def main() -> None:
     parser.add_argument(
         "--profile-first",
         metavar="DIR",
-        help="cProfile each phase's first call (and its precompile or load) into DIR",
+        help="cProfile each phase's precompile (or load), first call and capture_all into DIR",
     )
     parser.add_argument(
         "--no-prime", action="store_true", help="no throwaway process to fill Python's .pyc cache"
