@@ -1,9 +1,10 @@
 """`capture_all(background=True)`: record every graph on a thread of its own while calls go on.
 
 Steps:
-1. in the calling thread (the one that owns the graphs): plan each graph's keys and run the
-   eager first run of any runtime mode that never ran (it writes state, so it cannot overlap
-   a call); start the thread `cgcompile-capture` and wait while it creates its CUDA
+1. in the calling thread (the one that owns the graphs): capture the graphs whose state is
+   sized by the batch (`start_background`: never beside calls); plan each other graph's keys
+   and run the eager first run of any runtime mode that never ran (it writes state, so it
+   cannot overlap a call); start the thread `cgcompile-capture` and wait while it creates its CUDA
    libraries' handles (`prepare_thread`: torch keeps them per thread, a capture cannot create
    them, and building them holds the interpreter lock for up to seconds, which would stall the
    first calls); then give each graph and its wrappers a `Turns` lock and return;
@@ -61,6 +62,25 @@ class Turns:
         self._lock.release()
         if threading.get_ident() == self.capturer:
             time.sleep(0)
+
+
+def start_background(graphs: list[Any], progress: bool) -> BackgroundCapture:
+    """Capture, before returning, the graphs whose state is sized by the batch (a cache per
+    batch size, as Hugging Face's `StaticCache`: `InputPlan.batch_state`); start the thread
+    for the others. Such graphs beside a capture thread gave calls that wrote another size's
+    cache on the simulated runtime (and a device-side index assert on an H200), so they are
+    never captured while calls run."""
+    alone = [g for g in graphs if g.plan.batch_state]
+    with bulk_capture.frozen_heap():
+        for graph in alone:
+            logger.info(
+                "graph %d: captured before capture_all(background=True) returns: its state "
+                "is sized by the batch (%s)",
+                graph.report_id,
+                [graph.plan.names[i] for i in graph.plan.batch_state],
+            )
+            graph.capture_all(progress)
+    return BackgroundCapture([g for g in graphs if not g.plan.batch_state])
 
 
 class BackgroundCapture:
@@ -174,7 +194,12 @@ def covering_key(
     None when `desc` itself is captured or nothing fits. The caller holds the turns."""
     if _captured(graph, args, slot, mode, desc):
         return None
-    sizes = [m for m in graph.dispatcher.capture_sizes if m >= desc.num_tokens]
+    plan = graph.plan  # state sized by the batch (a cache per size): only its own size fits
+    sizes = [
+        m
+        for m in graph.dispatcher.capture_sizes
+        if m >= desc.num_tokens and plan.fits_state(args, m)
+    ]
     tries = [(mode, kind)]
     if mode is not CUDAGraphMode.PIECEWISE:
         tries.append((CUDAGraphMode.PIECEWISE, (False, kind[1])))  # a mixed batch's key

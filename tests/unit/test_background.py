@@ -3,13 +3,16 @@ equal eager's (logits and KV caches), the thread captures every key, a failure i
 
 from __future__ import annotations
 
+import copy
 import logging
+import random
 import threading
 import time
 from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import cgcompile
 from cgcompile.calls import background, bulk_capture
@@ -154,3 +157,52 @@ def test_calls_replay_the_smallest_captured_key_that_fits_meanwhile(
         job.wait(timeout=60)
         soak(compiled, reference, 20)
         torch.testing.assert_close(_read_slots(model), _read_slots(reference))
+
+
+class _PerBatchCache(torch.nn.Module):
+    """A decode step writing a cache allocated for one batch size and passed at a static
+    address (as Hugging Face's `StaticCache`), then attending over it: a graph of one size
+    writes that size's cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.o = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        q = self.q(x)
+        cache.index_copy_(1, pos, q[:, None])
+        kv = cache[:, None]
+        return self.o(F.scaled_dot_product_attention(q[:, None, None], kv, kv)[:, 0, 0])
+
+
+def test_calls_meanwhile_never_replay_a_graph_of_another_sizes_cache() -> None:
+    """Caches of 1, 2, 4 and 8 rows, random calls while `capture_all(background=True)` runs
+    and after: every output and every cache equals eager's (a call may not replay, padded, a
+    graph captured with another size's cache: it would write that cache, not its own)."""
+    options = {**SIM, "cudagraph_capture_sizes": [1, 2, 4, 8]}
+    model = _PerBatchCache().eval()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    caches = {n: torch.zeros(n, 16, 8) for n in (1, 2, 4, 8)}
+    theirs = {n: c.clone() for n, c in caches.items()}
+    rng = random.Random(0)
+
+    def call_both(n: int, seed: int) -> None:
+        x = torch.randn(n, 8, generator=torch.Generator().manual_seed(seed))
+        pos = torch.tensor([rng.randrange(16)])
+        torch._dynamo.mark_static_address(caches[n])
+        torch.testing.assert_close(compiled(x, caches[n], pos), reference(x, theirs[n], pos))
+        for m in caches:
+            torch.testing.assert_close(caches[m], theirs[m], msg=f"cache {m} after a call of {n}")
+
+    with torch.inference_mode():
+        for seed, n in enumerate(caches):
+            call_both(n, seed)
+        job = cgcompile.capture_all(background=True)
+        seed = 10
+        while not job.done:
+            call_both(rng.choice(list(caches)), seed)
+            seed += 1
+        job.wait(timeout=60)
+        for seed in range(100, 150):
+            call_both(rng.choice(list(caches)), seed)
