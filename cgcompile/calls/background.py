@@ -67,9 +67,9 @@ class Turns:
 def start_background(graphs: list[Any], progress: bool) -> BackgroundCapture:
     """Capture, before returning, the graphs whose state is sized by the batch (a cache per
     batch size, as Hugging Face's `StaticCache`: `InputPlan.batch_state`); start the thread
-    for the others. Such graphs beside a capture thread gave calls that wrote another size's
-    cache on the simulated runtime (and a device-side index assert on an H200), so they are
-    never captured while calls run."""
+    for the others. Beside calls, such graphs hit a device-side index assert on an H200 (before
+    `covering_key` checked `fits_state`; on the CPU that check makes them exact), so until a GPU
+    run shows them exact they are never captured while calls run."""
     alone = [g for g in graphs if g.plan.batch_state]
     with bulk_capture.frozen_heap():
         for graph in alone:

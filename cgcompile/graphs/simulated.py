@@ -10,9 +10,11 @@ place, returning the captured output object. Hence, as on a GPU:
 - outputs alias across replays: replay 2 overwrites the tensors replay 1 returned;
 - the capture call's outputs hold poison (`poison_value`), never results.
 
-What it cannot imitate: replay runs Python. Side effects outside tensor math happen on every
-replay (a counter inside an eager op of a simulated FULL graph moves; on a GPU it would not), and
-writes to state not passed as an arg (closures, globals) also happen at capture. Outputs that
+What it cannot imitate: replay runs Python, and capture runs `fn` for real before undoing its
+writes to the args, so another thread reading those args meanwhile sees the writes. Side
+effects outside tensor math happen on every replay (a counter inside an eager op of a simulated
+FULL graph moves; on a GPU it would not), and writes to state not passed as an arg (closures,
+globals) also happen at capture. Outputs that
 share storage with a tensor arg are not poisoned: on a GPU they show that arg's real data.
 Outputs whose elements share memory (expanded or overlapping views) are written storage-wide,
 as a graph's kernels wrote them. Args `borrow`ed from a model (its parameters and buffers) are
