@@ -7,7 +7,13 @@ import pytest
 import torch
 
 import cgcompile
-from tests.support.background import calls_beside_capture, compile_pair, soak
+from cgcompile.calls import background, compiled_graph
+from tests.support.background import (
+    calls_beside_capture,
+    compile_pair,
+    hf_calls_beside_capture,
+    soak,
+)
 
 pytestmark = pytest.mark.cuda
 
@@ -21,3 +27,20 @@ def test_calls_during_background_capture_equal_eager_cuda(mode: str) -> None:
         with cgcompile.counters.expect(num_cudagraph_captured=0):
             soak(compiled, reference, 200)
     assert during >= 1
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["state-first", "beside"])
+def test_hf_static_caches_during_background_capture_equal_eager_cuda(
+    monkeypatch: pytest.MonkeyPatch, beside: bool
+) -> None:
+    """HF Llama (float32, Inductor pieces) with a `StaticCache` per batch size: as shipped, and
+    with its batch-sized graphs captured beside the calls (what `start_background` holds back
+    until this passes on a GPU)."""
+    if beside:
+        monkeypatch.setattr(
+            compiled_graph,
+            "start_background",
+            lambda graphs, progress: background.BackgroundCapture(graphs),
+        )
+    with torch.inference_mode():
+        assert hf_calls_beside_capture("cuda") >= 1

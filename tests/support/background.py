@@ -7,10 +7,12 @@ import copy
 import random
 from typing import Any
 
+import pytest
 import torch
 
 import cgcompile
 from examples.llama import Llama, LlamaConfig, _read_slots, make_inputs, mark_batch
+from tests.support.hf import VOCAB, tiny_llama
 
 CFG = LlamaConfig(num_layers=2, cache_len=64)
 SIZES = [1, 2, 4, 8, 16]
@@ -58,3 +60,54 @@ def soak(compiled: Any, reference: Any, calls: int) -> None:
     rng = random.Random(1)
     for seed in range(calls):
         call_and_check(compiled, reference, rng.randint(1, 16), rng.random() < 0.5, 10_000 + seed)
+
+
+def hf_calls_beside_capture(device: str, calls: int = 2000, **options: Any) -> int:
+    """A Hugging Face Llama with a `StaticCache` per batch size (1, 2, 4, 8): first calls of
+    each size, then `capture_all(background=True)` and random decode calls until it is done,
+    then a soak; every call's logits equal an eager copy's, and so do the caches at the end (read
+    after the thread is done: a simulated capture undoes its writes only when it ends). Returns
+    the calls made while the thread ran."""
+    transformers = pytest.importorskip("transformers")
+    model = tiny_llama(device)
+    config = model.config
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    caches, theirs = {}, {}
+    rng = random.Random(0)
+
+    def step(n: int, seed: int, fn: Any = compiled) -> None:
+        g = torch.Generator().manual_seed(seed)
+        pos = rng.randrange(32)
+        kwargs = {
+            "input_ids": torch.randint(1, VOCAB, (n, 1), generator=g).to(device),
+            "position_ids": torch.full((n, 1), pos, device=device),
+            "cache_position": torch.tensor([pos], device=device),
+        }
+        if n not in caches:  # made by an eager call, as generate()'s prefill does
+            caches[n] = transformers.StaticCache(config=config, max_cache_len=32)
+            theirs[n] = transformers.StaticCache(config=config, max_cache_len=32)
+            model(**kwargs, past_key_values=caches[n])
+            reference(**kwargs, past_key_values=theirs[n])
+        got = compiled(**kwargs, past_key_values=caches[n]).logits
+        want = reference(**kwargs, past_key_values=theirs[n]).logits
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"a call of {n} rows")
+
+    sizes = (1, 2, 4, 8)
+    for seed, n in enumerate(sizes):
+        step(n, seed)
+    job = cgcompile.capture_all(background=True)
+    during = 0
+    for seed in range(10, 10 + calls):
+        if job.done:
+            break
+        step(rng.choice(sizes), seed)
+        during += 1
+    job.wait(timeout=300)
+    for seed in range(20_000, 20_040):
+        step(rng.choice(sizes), seed)
+    for n in sizes:
+        for mine, ref in zip(caches[n].layers, theirs[n].layers, strict=True):
+            torch.testing.assert_close(mine.keys, ref.keys, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(mine.values, ref.values, rtol=1e-4, atol=1e-4)
+    return during
