@@ -1,8 +1,8 @@
 """`capture_all(background=True)`: record every graph on a thread of its own while calls go on.
 
 Steps:
-1. in the calling thread (the one that owns the graphs): capture the graphs whose state is
-   sized by the batch (`start_background`: never beside calls); plan each other graph's keys
+1. in the calling thread (the one that owns the graphs): capture the graphs that write state
+   the caller passes in (`start_background`: never beside calls); plan each other graph's keys
    and run the eager first run of any runtime mode that never ran (it writes state, so it
    cannot overlap a call); start the thread `cgcompile-capture` and wait while it creates its CUDA
    libraries' handles (`prepare_thread`: torch keeps them per thread, a capture cannot create
@@ -65,22 +65,22 @@ class Turns:
 
 
 def start_background(graphs: list[Any], progress: bool) -> BackgroundCapture:
-    """Capture, before returning, the graphs whose state is sized by the batch (a cache per
-    batch size, as Hugging Face's `StaticCache`: `InputPlan.batch_state`); start the thread
-    for the others. Beside calls, such graphs hit a device-side index assert on an H200 (before
-    `covering_key` checked `fits_state`; on the CPU that check makes them exact), so until a GPU
-    run shows them exact they are never captured while calls run."""
-    alone = [g for g in graphs if g.plan.batch_state]
+    """Capture, before returning, the graphs that write state the caller passes in (a cache
+    object, as Hugging Face's `StaticCache`: `InputPlan.caller_state`, which includes a cache
+    per batch size, `batch_state`); start the thread for the others. Beside calls, an HF
+    Llama's graphs led to a device-side index assert in later replays on an H100 and an H200
+    (cause not found; HF graphs captured in the foreground served 2000 calls without one)."""
+    alone = [g for g in graphs if g.plan.caller_state or g.plan.batch_state]
     with bulk_capture.frozen_heap():
         for graph in alone:
             logger.info(
-                "graph %d: captured before capture_all(background=True) returns: its state "
-                "is sized by the batch (%s)",
+                "graph %d: captured before capture_all(background=True) returns: it writes "
+                "state passed in by the caller (%s)",
                 graph.report_id,
-                [graph.plan.names[i] for i in graph.plan.batch_state],
+                [graph.plan.names[i] for i in graph.plan.caller_state or graph.plan.batch_state],
             )
             graph.capture_all(progress)
-    return BackgroundCapture([g for g in graphs if not g.plan.batch_state])
+    return BackgroundCapture([g for g in graphs if g not in alone])
 
 
 class BackgroundCapture:
