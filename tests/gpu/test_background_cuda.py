@@ -33,9 +33,10 @@ def test_calls_during_background_capture_equal_eager_cuda(mode: str) -> None:
 def test_hf_static_caches_during_background_capture_equal_eager_cuda(
     monkeypatch: pytest.MonkeyPatch, beside: bool
 ) -> None:
-    """HF Llama (float32, Inductor pieces) with a `StaticCache` per batch size: as shipped, and
-    with its batch-sized graphs captured beside the calls (what `start_background` holds back
-    until this passes on a GPU)."""
+    """HF Llama (float32, Inductor pieces) with a `StaticCache` per batch size: as shipped (all
+    its graphs captured before `capture_all` returns), and with them captured beside the calls
+    (what `start_background` holds back: the bf16 16-layer HF Llama hit a device-side index
+    assert in later replays that way, which this small model did not show on an H100)."""
     if beside:
         monkeypatch.setattr(
             compiled_graph,
@@ -43,4 +44,5 @@ def test_hf_static_caches_during_background_capture_equal_eager_cuda(
             lambda graphs, progress: background.BackgroundCapture(graphs),
         )
     with torch.inference_mode():
-        assert hf_calls_beside_capture("cuda") >= 1
+        job, during = hf_calls_beside_capture("cuda")
+    assert during >= 1 if beside else job.total_keys == 0

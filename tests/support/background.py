@@ -62,12 +62,12 @@ def soak(compiled: Any, reference: Any, calls: int) -> None:
         call_and_check(compiled, reference, rng.randint(1, 16), rng.random() < 0.5, 10_000 + seed)
 
 
-def hf_calls_beside_capture(device: str, calls: int = 2000, **options: Any) -> int:
+def hf_calls_beside_capture(device: str, calls: int = 2000, **options: Any) -> tuple[Any, int]:
     """A Hugging Face Llama with a `StaticCache` per batch size (1, 2, 4, 8): first calls of
     each size, then `capture_all(background=True)` and random decode calls until it is done,
     then a soak; every call's logits equal an eager copy's, and so do the caches at the end (read
     after the thread is done: a simulated capture undoes its writes only when it ends). Returns
-    the calls made while the thread ran."""
+    (the finished job, the calls made while the thread ran)."""
     transformers = pytest.importorskip("transformers")
     model = tiny_llama(device)
     config = model.config
@@ -110,4 +110,4 @@ def hf_calls_beside_capture(device: str, calls: int = 2000, **options: Any) -> i
         for mine, ref in zip(caches[n].layers, theirs[n].layers, strict=True):
             torch.testing.assert_close(mine.keys, ref.keys, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(mine.values, ref.values, rtol=1e-4, atol=1e-4)
-    return during
+    return job, during

@@ -227,14 +227,14 @@ def test_calls_meanwhile_never_replay_a_graph_of_another_sizes_cache(
 def test_hf_static_caches_calls_during_background_capture_equal_eager(
     monkeypatch: pytest.MonkeyPatch, beside: bool
 ) -> None:
-    """HF Llama with a cache per batch size: as shipped (its batch-sized graphs captured before
-    `capture_all` returns), and with those graphs captured beside the calls too (what
-    `start_background` holds back until a GPU run shows it exact)."""
+    """HF Llama with a cache per batch size: as shipped (its graphs write the cache passed in,
+    so all are captured before `capture_all` returns and the thread has no key left), and with
+    them captured beside the calls (what `start_background` holds back)."""
     if beside:
         _beside(monkeypatch)
     with torch.inference_mode():
-        during = hf_calls_beside_capture("cpu", **SIM)
-    assert during >= 1
+        job, during = hf_calls_beside_capture("cpu", **SIM)
+    assert during >= 1 if beside else job.total_keys == 0
 
 
 def _beside(monkeypatch: pytest.MonkeyPatch) -> None:
