@@ -55,9 +55,13 @@ class Family:
     `input_ids [B, 1]`, as its users call them)."""
     sizes: tuple[int, ...] | None = None
     """The batch sizes calls may use; None: any of 1..512 (HF: a static cache per size)."""
+    before_call: Callable[[Inputs], None] | None = None
+    """Run before each call (HF: rewinds a static cache that is full)."""
 
     def run(self, fn: Any, inputs: Inputs, decode: bool = True) -> Any:
         """A call of `fn` on `inputs`: a decode step, or a mixed batch (`decode=False`)."""
+        if self.before_call is not None:
+            self.before_call(inputs)
         args, kwargs = inputs
         if not self.hint:
             return fn(*args, **kwargs)
@@ -131,4 +135,17 @@ def _hf(name: str, device: str, dtype: torch.dtype, quick: bool) -> Family:
                 model(**kwargs, past_key_values=caches[n])
         return (), kwargs | {"past_key_values": caches[n]}
 
-    return Family(name, model, inputs, hint=False, sizes=(1, 2, 4, 8))
+    written: dict[int, int] = {}  # positions each cache holds (its eager prefill wrote one)
+
+    def rewind_when_full(inputs: Inputs) -> None:
+        """A `StaticCache` writes each step at its own counter (`cumulative_length`), whatever
+        `cache_position` says: past `HF_CACHE_LEN` steps the write indexes out of bounds (a
+        device-side assert on CUDA), eager or compiled. A full cache starts over (in place)."""
+        cache = inputs[1]["past_key_values"]
+        held = written.get(id(cache), 1)
+        if held >= HF_CACHE_LEN:
+            cache.reset()
+            held = 0
+        written[id(cache)] = held + 1
+
+    return Family(name, model, inputs, False, (1, 2, 4, 8), rewind_when_full)

@@ -1,10 +1,9 @@
 """`capture_all(background=True)`: record every graph on a thread of its own while calls go on.
 
 Steps:
-1. in the calling thread (the one that owns the graphs): capture the graphs that write state
-   the caller passes in (`start_background`: never beside calls); plan each other graph's keys
-   and run the eager first run of any runtime mode that never ran (it writes state, so it
-   cannot overlap a call); start the thread `cgcompile-capture` and wait while it creates its CUDA
+1. in the calling thread (the one that owns the graphs): plan each graph's keys and run the
+   eager first run of any runtime mode that never ran (it writes state, so it cannot overlap
+   a call); start the thread `cgcompile-capture` and wait while it creates its CUDA
    libraries' handles (`prepare_thread`: torch keeps them per thread, a capture cannot create
    them, and building them holds the interpreter lock for up to seconds, which would stall the
    first calls); then give each graph and its wrappers a `Turns` lock and return;
@@ -62,25 +61,6 @@ class Turns:
         self._lock.release()
         if threading.get_ident() == self.capturer:
             time.sleep(0)
-
-
-def start_background(graphs: list[Any], progress: bool) -> BackgroundCapture:
-    """Capture, before returning, the graphs that write state the caller passes in (a cache
-    object, as Hugging Face's `StaticCache`: `InputPlan.caller_state`, which includes a cache
-    per batch size, `batch_state`); start the thread for the others. Beside calls, an HF
-    Llama's graphs led to a device-side index assert in later replays on an H100 and an H200
-    (cause not found; HF graphs captured in the foreground served 2000 calls without one)."""
-    alone = [g for g in graphs if g.plan.caller_state or g.plan.batch_state]
-    with bulk_capture.frozen_heap():
-        for graph in alone:
-            logger.info(
-                "graph %d: captured before capture_all(background=True) returns: it writes "
-                "state passed in by the caller (%s)",
-                graph.report_id,
-                [graph.plan.names[i] for i in graph.plan.caller_state or graph.plan.batch_state],
-            )
-            graph.capture_all(progress)
-    return BackgroundCapture([g for g in graphs if g not in alone])
 
 
 class BackgroundCapture:

@@ -43,7 +43,7 @@ from typing import Any, Literal, overload
 import torch
 
 from cgcompile.calls import bulk_capture
-from cgcompile.calls.background import BackgroundCapture, Turns, covering_key, start_background
+from cgcompile.calls.background import BackgroundCapture, Turns, covering_key
 from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
 from cgcompile.calls.dispatcher import CudagraphDispatcher
 from cgcompile.calls.fallbacks import FallbackLog
@@ -445,6 +445,6 @@ def capture_all(progress: bool = True, background: bool = False) -> int | Backgr
                 f"graph {busy[0].report_id} is being captured in the background already; "
                 f"wait() for that capture_all first"
             )
-        return start_background(graphs, progress)
+        return BackgroundCapture(graphs)
     with bulk_capture.frozen_heap():  # one collection for every graph
         return sum(graph.capture_all(progress) for graph in graphs)

@@ -81,17 +81,6 @@ class InputPlan:
         """Mutated batch tensors: their real rows are copied back to the caller's tensor."""
         return tuple(i for i in self.batch_tensors if i in self.mutated)
 
-    @property
-    def caller_state(self) -> tuple[int, ...]:
-        """Static tensors the graph writes that no module holds as a parameter or buffer: state
-        the caller passes in (a cache object, as Hugging Face's `StaticCache`)."""
-        held = ("._buffers[", "._parameters[")
-        return tuple(
-            i
-            for i in self.mutated
-            if i in self.static_tensors and not any(h in self.names[i] for h in held)
-        )
-
     def state_names(self) -> list[str]:
         """Names of the persistent tensors the graph writes: parameters, buffers, static-address
         and in-place user tensors (what padded rows could write where eager would not)."""

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import cgcompile
-from cgcompile.calls import background, compiled_graph
 from tests.support.background import (
     calls_beside_capture,
     compile_pair,
@@ -29,20 +28,9 @@ def test_calls_during_background_capture_equal_eager_cuda(mode: str) -> None:
     assert during >= 1
 
 
-@pytest.mark.parametrize("beside", [False, True], ids=["state-first", "beside"])
-def test_hf_static_caches_during_background_capture_equal_eager_cuda(
-    monkeypatch: pytest.MonkeyPatch, beside: bool
-) -> None:
-    """HF Llama (float32, Inductor pieces) with a `StaticCache` per batch size: as shipped (all
-    its graphs captured before `capture_all` returns), and with them captured beside the calls
-    (what `start_background` holds back: the bf16 16-layer HF Llama hit a device-side index
-    assert in later replays that way, which this small model did not show on an H100)."""
-    if beside:
-        monkeypatch.setattr(
-            compiled_graph,
-            "start_background",
-            lambda graphs, progress: background.BackgroundCapture(graphs),
-        )
+def test_hf_static_caches_during_background_capture_equal_eager_cuda() -> None:
+    """HF Llama (float32, Inductor pieces) with a `StaticCache` per batch size, calls beside
+    the thread."""
     with torch.inference_mode():
-        job, during = hf_calls_beside_capture("cuda")
-    assert during >= 1 if beside else job.total_keys == 0
+        _, during = hf_calls_beside_capture("cuda")
+    assert during >= 1

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import cgcompile
-from cgcompile.calls import background, bulk_capture, compiled_graph
+from cgcompile.calls import background, bulk_capture
 from cgcompile.config import CUDAGraphMode
 from cgcompile.errors import CGCompileError
 from cgcompile.graphs.simulated import SimulatedGraphRuntime
@@ -181,17 +181,11 @@ class _PerBatchCache(torch.nn.Module):
         return self.o(F.scaled_dot_product_attention(q[:, None, None], kv, kv)[:, 0, 0])
 
 
-@pytest.mark.parametrize("beside", [False, True], ids=["state-first", "beside"])
-def test_calls_meanwhile_never_replay_a_graph_of_another_sizes_cache(
-    monkeypatch: pytest.MonkeyPatch, beside: bool
-) -> None:
+def test_calls_meanwhile_never_replay_a_graph_of_another_sizes_cache() -> None:
     """Caches of 1, 2, 4 and 8 rows, random calls while `capture_all(background=True)` runs
     and after: every output equals eager's, and every cache once the thread is done (a call
     may not replay, padded, a graph captured with another size's cache: it would write that
-    cache, not its own, and attend over it). As
-    shipped, and with the batch-sized graph captured beside the calls (`_beside`)."""
-    if beside:
-        _beside(monkeypatch)
+    cache, not its own, and attend over it)."""
     options = {**SIM, "cudagraph_capture_sizes": [1, 2, 4, 8]}
     model = _PerBatchCache().eval()
     reference = copy.deepcopy(model)
@@ -223,24 +217,8 @@ def test_calls_meanwhile_never_replay_a_graph_of_another_sizes_cache(
             call_both(rng.choice(list(caches)), seed)
 
 
-@pytest.mark.parametrize("beside", [False, True], ids=["state-first", "beside"])
-def test_hf_static_caches_calls_during_background_capture_equal_eager(
-    monkeypatch: pytest.MonkeyPatch, beside: bool
-) -> None:
-    """HF Llama with a cache per batch size: as shipped (its graphs write the cache passed in,
-    so all are captured before `capture_all` returns and the thread has no key left), and with
-    them captured beside the calls (what `start_background` holds back)."""
-    if beside:
-        _beside(monkeypatch)
+def test_hf_static_caches_calls_during_background_capture_equal_eager() -> None:
+    """HF Llama with a `StaticCache` per batch size, calls beside the thread."""
     with torch.inference_mode():
-        job, during = hf_calls_beside_capture("cpu", **SIM)
-    assert during >= 1 if beside else job.total_keys == 0
-
-
-def _beside(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Graphs whose state is sized by the batch captured on the thread too, beside calls."""
-    monkeypatch.setattr(
-        compiled_graph,
-        "start_background",
-        lambda graphs, progress: background.BackgroundCapture(graphs),
-    )
+        _, during = hf_calls_beside_capture("cpu", **SIM)
+    assert during >= 1
