@@ -14,8 +14,8 @@ What it cannot imitate: replay runs Python, and capture runs `fn` for real befor
 writes to the args, so another thread reading those args meanwhile sees the writes. Side
 effects outside tensor math happen on every replay (a counter inside an eager op of a simulated
 FULL graph moves; on a GPU it would not), and writes to state not passed as an arg (closures,
-globals) also happen at capture. Outputs that
-share storage with a tensor arg are not poisoned: on a GPU they show that arg's real data.
+globals) also happen at capture. Outputs that share storage with a tensor arg are not
+poisoned: on a GPU they show that arg's real data.
 Outputs whose elements share memory (expanded or overlapping views) are written storage-wide,
 as a graph's kernels wrote them. Args `borrow`ed from a model (its parameters and buffers) are
 held weakly, as a CUDA graph holds only their addresses, so a deleted model is freed.

@@ -16,6 +16,8 @@ from tests.support.hf import VOCAB, tiny_llama
 
 CFG = LlamaConfig(num_layers=2, cache_len=64)
 SIZES = [1, 2, 4, 8, 16]
+CACHE_LEN = 32
+"""Positions of the HF model's static caches."""
 
 
 def compile_pair(device: str, **options: Any) -> tuple[torch.nn.Module, torch.nn.Module, Any]:
@@ -62,10 +64,14 @@ def soak(compiled: Any, reference: Any, calls: int) -> None:
         call_and_check(compiled, reference, rng.randint(1, 16), rng.random() < 0.5, 10_000 + seed)
 
 
-def hf_calls_beside_capture(device: str, calls: int = 2000, **options: Any) -> tuple[Any, int]:
+def hf_calls_beside_capture(
+    device: str, calls: int = 2000, after: int = 40, **options: Any
+) -> tuple[Any, int]:
     """A Hugging Face Llama with a `StaticCache` per batch size (1, 2, 4, 8): first calls of
     each size, then `capture_all(background=True)` and random decode calls until it is done,
-    then a soak; every call's logits equal an eager copy's, and so do the caches at the end (read
+    then `after` more (a full cache starts over, in place, as transformers' `StaticCache` writes
+    each step at its own counter); every call's logits equal an eager copy's, and so do the
+    caches at the end (read
     after the thread is done: a simulated capture undoes its writes only when it ends). Returns
     (the finished job, the calls made while the thread ran)."""
     transformers = pytest.importorskip("transformers")
@@ -73,22 +79,28 @@ def hf_calls_beside_capture(device: str, calls: int = 2000, **options: Any) -> t
     config = model.config
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, backend="cudagraph_modes", options=options)
-    caches, theirs = {}, {}
+    caches, theirs, written = {}, {}, {}
     rng = random.Random(0)
 
-    def step(n: int, seed: int, fn: Any = compiled) -> None:
+    def step(n: int, seed: int) -> None:
+        if written.get(n) == CACHE_LEN:  # each step writes at the cache's own counter
+            caches[n].reset()
+            theirs[n].reset()
+            written[n] = 0
+        written[n] = written.get(n, 0) + 1
         g = torch.Generator().manual_seed(seed)
-        pos = rng.randrange(32)
+        pos = rng.randrange(CACHE_LEN)
         kwargs = {
             "input_ids": torch.randint(1, VOCAB, (n, 1), generator=g).to(device),
             "position_ids": torch.full((n, 1), pos, device=device),
             "cache_position": torch.tensor([pos], device=device),
         }
         if n not in caches:  # made by an eager call, as generate()'s prefill does
-            caches[n] = transformers.StaticCache(config=config, max_cache_len=32)
-            theirs[n] = transformers.StaticCache(config=config, max_cache_len=32)
+            caches[n] = transformers.StaticCache(config=config, max_cache_len=CACHE_LEN)
+            theirs[n] = transformers.StaticCache(config=config, max_cache_len=CACHE_LEN)
             model(**kwargs, past_key_values=caches[n])
             reference(**kwargs, past_key_values=theirs[n])
+            written[n] += 1
         got = compiled(**kwargs, past_key_values=caches[n]).logits
         want = reference(**kwargs, past_key_values=theirs[n]).logits
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"a call of {n} rows")
@@ -104,7 +116,7 @@ def hf_calls_beside_capture(device: str, calls: int = 2000, **options: Any) -> t
         step(rng.choice(sizes), seed)
         during += 1
     job.wait(timeout=300)
-    for seed in range(20_000, 20_040):
+    for seed in range(20_000, 20_000 + after):
         step(rng.choice(sizes), seed)
     for n in sizes:
         for mine, ref in zip(caches[n].layers, theirs[n].layers, strict=True):
