@@ -71,9 +71,8 @@ def hf_calls_beside_capture(
     each size, then `capture_all(background=True)` and random decode calls until it is done,
     then `after` more (a full cache starts over, in place, as transformers' `StaticCache` writes
     each step at its own counter); every call's logits equal an eager copy's, and so do the
-    caches at the end (read
-    after the thread is done: a simulated capture undoes its writes only when it ends). Returns
-    (the finished job, the calls made while the thread ran)."""
+    caches at the end (read after the thread is done: a simulated capture undoes its writes
+    only when it ends). Returns (the finished job, the calls made while the thread ran)."""
     transformers = pytest.importorskip("transformers")
     model = tiny_llama(device)
     config = model.config
