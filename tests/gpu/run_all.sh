@@ -140,10 +140,10 @@ for family in llama rows hf-llama hf-qwen3; do
   run fpfull "fp-vs-full-$family.log" python benchmarks/fp_vs_full.py --out "$out" --family "$family"
 done
 # not in the default stages: calls served while capture_all(background=True) runs, its GPU
-# tests first (STAGES=background, ~3 min)
+# tests first, each family against a control process (STAGES=background, ~8 min)
 run background background-tests.log python -m pytest -q -p no:cacheprovider \
   tests/gpu/test_background_cuda.py
-for family in llama rows hf-llama; do
+for family in llama rows hf-llama hf-qwen3; do
   run background "background-capture-$family.log" python benchmarks/background_capture.py \
     --out "$out" --family "$family"
 done
