@@ -148,4 +148,4 @@ def _hf(name: str, device: str, dtype: torch.dtype, quick: bool) -> Family:
             held = 0
         written[id(cache)] = held + 1
 
-    return Family(name, model, inputs, False, (1, 2, 4, 8), rewind_when_full)
+    return Family(name, model, inputs, hint=False, sizes=(1, 2, 4, 8), before_call=rewind_when_full)
