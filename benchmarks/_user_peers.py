@@ -16,7 +16,8 @@ so in one process Dynamo never walks another peer's cache entries on a call:
 - `reduce-overhead`: `torch.compile(mode="reduce-overhead")`;
 - `cg/MODE`: `torch.compile(backend="cudagraph_modes")` in that mode (Inductor pieces), called
   bare; FULL_AND_PIECEWISE and FULL_DECODE_ONLY inside `batch_hint(uniform_decode=True)` (the
-  example's flat tokens do not show a decode step); `cg/MODE/trusted` with `cgcompile.trusted`;
+  example's flat tokens do not show a decode step); `cg/MODE/trusted` with `cgcompile.trusted`
+  (`cg/MODE/guarded`: `cgcompile.guarded`);
   `cg/MODE/own` with batch 1 compiled on its own (`batch_one="own"`, not padded to 2 rows);
   `cg/MODE/precompiled` through `cgcompile.precompile` (AOT-compiled, guards checked by it).
 
@@ -188,7 +189,7 @@ def _cgcompile(
     model: Llama,
     mode: str,
     sizes: Sequence[int],
-    trusted: bool,
+    opt_in: str | None,
     compiler: str,
     runtime: str,
     batch_one: str | None = None,
@@ -200,7 +201,8 @@ def _cgcompile(
     if batch_one is not None:  # "cg/MODE/own": batch 1 compiled on its own, not padded to 2 rows
         options["batch_one"] = batch_one
     compiled = torch.compile(own_code(model), backend="cudagraph_modes", options=options)
-    target = cgcompile.trusted(compiled) if trusted else compiled
+    wrap = {"trusted": cgcompile.trusted, "guarded": cgcompile.guarded}
+    target = wrap[opt_in](compiled) if opt_in else compiled
     # the example's tokens are flat ([n]): only the modes with decode-only graphs need the hint
     # to know a decode step (FULL and PIECEWISE capture every batch alike; called bare, as users do)
     hinted = mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
@@ -216,7 +218,7 @@ def _cgcompile(
         with cgcompile.batch_hint(uniform_decode=True):
             return target(tokens, positions)
 
-    name = f"cg/{mode}" + ("/own" if batch_one else "") + ("/trusted" if trusted else "")
+    name = f"cg/{mode}" + ("/own" if batch_one else "") + (f"/{opt_in}" if opt_in else "")
     return Peer(name, step, compiled)
 
 
@@ -274,9 +276,9 @@ def make_peer(
         peer = _precompiled(model, name.split("/")[1], sizes, compiler, graph_runtime)
     elif name.startswith("cg/"):
         parts = name.split("/")
-        trusted = "trusted" in parts
+        opt_in = next((p for p in ("trusted", "guarded") if p in parts), None)
         batch_one = "own" if "own" in parts else None
-        peer = _cgcompile(model, parts[1], sizes, trusted, compiler, graph_runtime, batch_one)
+        peer = _cgcompile(model, parts[1], sizes, opt_in, compiler, graph_runtime, batch_one)
     else:
         raise ValueError(f"unknown peer {name!r}")
     peer.cfg = model.cfg

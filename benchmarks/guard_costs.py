@@ -2,13 +2,17 @@
 guards counted by kind), the rest of Dynamo's work (frame entry and the bytecode that gathers
 every parameter as a graph input) and cgcompile's own share, at each depth; beside the same call
 with torch's recursive dict tags (`use_recursive_dict_tags_for_guards`) and with no guards
-(`skip_all_guards_unsafe`, unsafe: the floor of Dynamo's path).
+(`skip_all_guards_unsafe`, unsafe: the floor of Dynamo's path), the 10-line backend's call
+(`tenline`: `benchmarks/_user_peers.py`; on the CPU a no-op per call), and, in the default
+variant's process, the same compiled model called through `cgcompile.guarded` and
+`cgcompile.trusted` (Dynamo's guards checked without its bytecode; no Dynamo at all).
 
 Each (family, layers, variant) runs in its own process (in one process Dynamo walks every
 compiled peer's cache entry of the same `forward`). Per process: the median over `--calls`
 calls, each timed alone with the device synchronised before it, of the compiled model's call,
 of its guard check alone (`guard_manager.check` on the call's frame locals) and of its
 `CompiledGraph` called with the arguments Dynamo passes (cgcompile's share, replay included).
+A Hugging Face model is called with keywords, which `guarded` and `trusted` refuse (said).
 Families (`--families`): the example Llama, the KV-rows step, a Hugging Face Llama; tiny dims
 (host time depends on the number of modules and tensors, not on their sizes), eager pieces,
 FULL, batch 8. On the CPU replays are no-ops; `--cuda` replays real graphs.
@@ -37,14 +41,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cgcompile  # noqa: E402
 import cgcompile.backend.pipeline as pipeline  # noqa: E402
+from benchmarks._user_peers import tenline_backend  # noqa: E402
 from benchmarks.host_overhead import NullRuntime, _record_call  # noqa: E402
 from cgcompile.restart.portable import frame_scope  # noqa: E402
 
-VARIANTS = ("default", "tags", "no-guards")
+VARIANTS = ("default", "tags", "no-guards", "tenline")
 _MODEL = ("self.", "self[", "args[0].", "args[0][", "type(self)", "type(args[0])")
 """How Dynamo names the model in a guard: `self`, or `args[0]` behind a `(*args, **kwargs)`
 decorator (Hugging Face's forwards)."""
 FAMILIES = ("llama", "rows", "hf")
+CACHE_LEN = 2048
 
 
 def _model(family: str, layers: int, device: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
@@ -72,10 +78,12 @@ def _model(family: str, layers: int, device: str) -> tuple[torch.nn.Module, Call
         num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=256,
-        max_position_embeddings=64,
+        max_position_embeddings=CACHE_LEN,
     )
     model = transformers.LlamaForCausalLM(config).to(device).eval()
-    cache = transformers.StaticCache(config=config, max_cache_len=64)
+    # each call writes at the cache's own counter (`cumulative_length`), not at cache_position:
+    # room for every call a process makes (warm-up and two timed medians)
+    cache = transformers.StaticCache(config=config, max_cache_len=CACHE_LEN)
     ids = torch.randint(1, 256, (8, 1), device=device)
     step = {"input_ids": ids, "position_ids": torch.full((8, 1), 3, device=device)}
     step |= {"cache_position": torch.tensor([3], device=device), "use_cache": True}
@@ -120,7 +128,11 @@ def child(family: str, layers: int, variant: str, calls: int, cuda: bool) -> dic
         torch._dynamo.config.max_saved_pointers_for_recursive_dict_tags_check = 10**6
     torch.manual_seed(0)
     model, step = _model(family, layers, device)
-    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    if variant == "tenline":
+        backend = tenline_backend if cuda else _noop_backend
+        compiled = torch.compile(model, backend=backend, dynamic=False)
+    else:
+        compiled = torch.compile(model, backend="cudagraph_modes", options=options)
 
     def sync() -> None:
         if cuda:
@@ -140,8 +152,9 @@ def child(family: str, layers: int, variant: str, calls: int, cuda: bool) -> dic
 
     with torch.no_grad():
         step(compiled)
-        graph = cgcompile.compiled_graphs()[-1]
-        outer = _record_call(graph, lambda: step(compiled))[0]
+        if variant != "tenline":
+            graph = cgcompile.compiled_graphs()[-1]
+            outer = _record_call(graph, lambda: step(compiled))[0]
         forward = type(model).forward
         entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(forward.__code__)
         manager = entries[0].guard_manager
@@ -150,16 +163,39 @@ def child(family: str, layers: int, variant: str, calls: int, cuda: bool) -> dic
         f_locals = frame_scope(forward, (model, *seen["args"]), seen["kwargs"])["L"]
         if not manager.check(f_locals):
             raise SystemExit("the guard check failed on the call's own frame locals")
-        return {
+        row = {
             "family": family,
             "layers": layers,
             "variant": variant,
             "tensors": sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers()),
             "call_us": median_us(lambda: step(compiled)),
             "guards_us": median_us(lambda: manager.check(f_locals)),
-            "own_us": median_us(lambda: graph(*outer)),
+            "own_us": 0.0,
             "guards": dict(kinds),
         }
+        if variant == "tenline":
+            return row
+        row["own_us"] = median_us(lambda: graph(*outer))
+        if variant == "default":  # the opt-ins, on the same compiled model
+            for name, wrap in (("guarded", cgcompile.guarded), ("trusted", cgcompile.trusted)):
+                fast = wrap(compiled)
+                row[f"{name}_us"] = median_us(lambda fast=fast: step(fast))
+                row[f"{name}_through_dynamo"] = fast.calls_through_dynamo
+                row[f"{name}_refused"] = fast.refused
+        return row
+
+
+def _noop_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+    """The CPU's stand-in for the 10-line backend: its outputs once, a no-op per call (as the
+    simulated runtime's replays)."""
+    out: list[Any] = []
+
+    def run(*args: Any) -> Any:
+        if not out:
+            out.append(gm(*args))
+        return out[0]
+
+    return run
 
 
 def main() -> None:
@@ -204,10 +240,16 @@ def main() -> None:
 def _line(row: dict[str, Any]) -> str:
     rest = row["call_us"] - row["guards_us"] - row["own_us"]
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(row["guards"].items(), key=lambda kv: -kv[1]))
+    opt_ins = "".join(
+        f"; {name} {row[name + '_us']:.1f} us"
+        + (f" (refused: {row[name + '_refused'][:60]})" if row[name + "_refused"] else "")
+        for name in ("guarded", "trusted")
+        if name + "_us" in row
+    )
     return (
         f"{row['family']:5} {row['layers']:3} layers {row['variant']:9} call {row['call_us']:7.1f}"
         f" us = guards {row['guards_us']:6.1f} + rest of Dynamo {rest:6.1f} + cgcompile "
-        f"{row['own_us']:5.1f}; {row['tensors']} tensors; guards: {kinds or '-'}"
+        f"{row['own_us']:5.1f}; {row['tensors']} tensors; guards: {kinds or '-'}{opt_ins}"
     )
 
 

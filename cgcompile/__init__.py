@@ -19,7 +19,7 @@ from cgcompile.calls.forward_context import (
     is_forward_context_available,
     set_forward_context,
 )
-from cgcompile.calls.trusted import trusted
+from cgcompile.calls.trusted import guarded, trusted
 from cgcompile.config import (
     AttentionCGSupport,
     CompilationConfig,
@@ -57,6 +57,7 @@ __all__ = [
     "counters",
     "cudagraph_modes",
     "get_forward_context",
+    "guarded",
     "is_forward_context_available",
     "load_compile_cache",
     "mark_dynamic_batch",

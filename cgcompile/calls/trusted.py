@@ -1,43 +1,49 @@
-"""`cgcompile.trusted(compiled)`: call a compiled model's captured graphs without Dynamo.
+"""`cgcompile.trusted(compiled)` and `cgcompile.guarded(compiled)`: call a compiled model's
+captured graphs without Dynamo's per-call code.
 
 Each call of a `torch.compile`d model enters Dynamo: its frame hook, the guard check of every
 cache entry, and the compiled code that gathers every parameter and buffer as a graph input,
-which grows with the model. A caller who promises not to change the model after warm-up can
-skip all of it: `trusted(compiled)` returns a callable that, for a call whose graph key was
-captured and replayed before (a `ReadyCall`), copies the call's tensors into the static buffers
-and replays, with parameters and buffers bound once (it holds them). Any other call goes
-through the compiled model as usual (Dynamo compiles, cgcompile captures), watching which
+which grows with the model. Both callables skip that code: for a call whose graph key was
+captured and replayed before (a `ReadyCall`), they copy the call's tensors into the static
+buffers and replay, with parameters and buffers bound once (held). Any other call goes through
+the compiled model as usual (Dynamo compiles, cgcompile captures), watching which
 `CompiledGraph` it ran (`RETURNED`), and binds that graph: the graphs of its own compiled model,
 never another compile's (every compile of a class, of any backend, shares the forward's code
 object and so Dynamo's cache).
 
-What it still checks per call, falling back to the compiled model (which recompiles, or
-recaptures, if need be): positional arguments only, as many as at binding; each tensor
-argument's dtype and rank; grad mode; and, in O(1) whatever the model's size, what the compiled
-model's own instance check sees (`instances`): no parameter event since binding (a parameter,
-buffer or submodule assigned to any module: `model.w = nn.Parameter(...)`,
-`load_state_dict(assign=True)`; a parameter's old storage freed: `p.data = t` on any,
-`model.half()`, `.to(dtype or device)`) and the graph's two representative parameters at the
-addresses they had. What it does not check (the promise): `p.data = t` while the old data is
-held elsewhere, writes that bypass the module (`module._parameters[name] = t`), the model's
-Python attributes and hooks, global flags, tensor arguments' devices and non-batch sizes. It
-refuses, with one WARNING, and then always calls the compiled model: a forward with graph
-breaks or non-batch int inputs, one that returns anything but a graph output or a tuple or list
-of them (Python work after the graph would be skipped), and a call that ran no graph of
+What both check per call, falling back to the compiled model (which recompiles, or recaptures,
+if need be): positional arguments only, as many as at binding; each tensor argument's dtype and
+rank; grad mode; and, in O(1) whatever the model's size, what the compiled model's own instance
+check sees (`instances`): no parameter event since binding (a parameter, buffer or submodule
+assigned to any module: `model.w = nn.Parameter(...)`, `load_state_dict(assign=True)`; a
+parameter's old storage freed: `p.data = t` on any, `model.half()`, `.to(dtype or device)`) and
+the graph's two representative parameters at the addresses they had.
+
+`guarded` also runs, per call, the guard check of the Dynamo cache entry that holds the bound
+graph (`guard_manager.check` on the call's frame locals: the module attributes the forward read,
+globals, global state, every input's dtype, device and sizes, the parameters and buffers), and
+goes through the compiled model when the top-level module or the compiled wrapper has hooks: it
+checks what the default call checks, without the bytecode that gathers the parameters (the
+part that grows with depth; `benchmarks/guard_costs.py`). `trusted` checks nothing more (the
+promise): not `p.data = t` while the old data is held elsewhere, writes that bypass the module
+(`module._parameters[name] = t`), the model's Python attributes and hooks, global flags, tensor
+arguments' devices and non-batch sizes. Both refuse, with one WARNING, and then always call the
+compiled model: a forward with graph breaks or non-batch int inputs, keyword arguments, one that
+returns anything but a graph output or a tuple or list of them (Python work after the graph
+would be skipped, e.g. a Hugging Face `ModelOutput`), and a call that ran no graph of
 backend='cudagraph_modes'.
 
-Why cgcompile drops none of Dynamo's guards (torch 2.13's source; issue 41): a backend cannot
-filter the guards of its own graphs. `torch.compile` pops `guard_filter_fn` out of `options`
-into Dynamo's hooks before the backend is built, and Dynamo builds the guards from those hooks
-after the backend returned; the backend gets only the graph and its options. Nor would it pay:
-`benchmarks/guard_costs.py` counts 4-8% of the guards on parameters and buffers (what the
-instance check could stand for) and 78-91% on module attributes (hook dicts, types, `training`,
-flags), which cgcompile does not see; and with no guard at all Dynamo's path (its frame entry
-and the bytecode that gathers every parameter) still grows 2.2-2.4x from 16 to 64 layers. A
-dropped tensor guard would also lose Dynamo's retrace: a parameter moved to another dtype or
-shape is an event here, but a call cannot make Dynamo recompile from inside it.
+Why the default call does not do this itself (torch 2.9-2.14; issue 41): a backend cannot
+change the code Dynamo runs before its graph, nor filter its guards. `torch.compile` pops
+`guard_filter_fn` out of `options` into Dynamo's hooks before the backend is built, and Dynamo
+builds the guards and the bytecode after the backend returned; the backend gets only the graph
+and its options. Dynamo's `install_free_tensors` (parameters as graph attributes, not inputs)
+is process-wide, must be set before the trace, and drops what identifies the called instance
+(a second instance of the class, a replaced parameter would replay the first's graphs). And
+guards are the small part on the GPU machine: on the H100 (torch 2.11) the example Llama's guard
+check takes 7.6 us at 16 layers and 15.5 us at 64, the rest of Dynamo's path 46 and 105 us.
 
-    fast = cgcompile.trusted(compiled)     # after warm-up calls of the compiled model
+    fast = cgcompile.guarded(compiled)     # after warm-up calls of the compiled model
     logits = fast(tokens, positions)
 """
 
@@ -52,6 +58,7 @@ from typing import Any
 
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from torch.nn.modules import module as _module
 
 from cgcompile.calls.compiled_graph import RETURNED, CompiledGraph
 from cgcompile.calls.instances import EVENTS
@@ -89,6 +96,8 @@ class _Binding:
     `.to(...)`), calls go through the compiled model, whose check drops the moved graphs."""
     returns: str | None = None
     """How the forward's return is made from the graph's outputs: 'first', 'tuple', 'list'."""
+    guards: Any = None
+    """`guarded`: the guard manager of the Dynamo cache entry that runs `graph`."""
 
     def is_current(self) -> bool:
         """Whether the model is as bound, as far as an O(1) check sees (the per-call check)."""
@@ -104,8 +113,9 @@ class _Binding:
 class TrustedCall:
     """Calls `compiled`'s captured graphs directly; see the module docstring."""
 
-    def __init__(self, compiled: Any) -> None:
+    def __init__(self, compiled: Any, check_guards: bool = False) -> None:
         self.compiled = compiled
+        self.check_guards = check_guards
         module = getattr(compiled, "_orig_mod", None)
         if module is not None:
             function = type(module).forward
@@ -150,6 +160,11 @@ class TrustedCall:
         for position, dtype, rank in binding.checks:
             arg = args[position]
             if arg.dtype is not dtype or arg.dim() != rank:
+                return self._through_dynamo(args, kwargs)
+        if binding.guards is not None:
+            if _hooked(self.compiled) or not binding.guards.check(
+                {**self._locals, **dict(zip(self._params, args, strict=True))}
+            ):
                 return self._through_dynamo(args, kwargs)
         graph = binding.graph
         if graph.capture_turns is not None:  # a background capture_all: calls take turns
@@ -201,23 +216,27 @@ class TrustedCall:
         graph, out = returned[0]
         if not graph.uses_graphs:  # e.g. the graph of the other grad mode
             return
-        self._check_one_frame(graph)
+        entry = self._check_one_frame(graph)
         key = graph.plan.static_batch
         binding = self._bindings.get(key)
         if binding is None or binding.graph is not graph or not binding.is_current():
-            self._bindings[key] = self._binding(graph, args)
-        self._bindings[key].returns = _returns(result, out)
+            binding = self._bindings[key] = self._binding(graph, args)
+        binding.returns = _returns(result, out)
+        if key is None:  # Dynamo now runs the dynamic graph for this size (e.g. automatic
+            self._bindings.pop(args[binding.batch_arg].shape[0], None)  # dynamic after a trace)
+        if self.check_guards:
+            binding.guards = entry.guard_manager
 
-    def _check_one_frame(self, graph: CompiledGraph) -> None:
-        """Raise unless `graph` is the only graph of a cache entry of the forward itself (a
-        graph break leaves Python work between graphs, which replaying one would skip)."""
+    def _check_one_frame(self, graph: CompiledGraph) -> Any:
+        """The cache entry of the forward itself whose only graph is `graph`; raise if there is
+        none (a graph break leaves Python work between graphs, which replaying one would skip)."""
         for entry in _debug_get_cache_entry_list(self._function.__code__):
             names = [n for n in entry.code.co_names if n.startswith("__compiled_fn")]
             if graph not in (_compiled_graph(self._function.__globals__.get(n)) for n in names):
                 continue  # another compile's entry, of this or another backend
             if len(names) != 1 or any(n.startswith("__resume_at") for n in entry.code.co_names):
                 raise _graph_break(self._function)
-            return
+            return entry
         raise _graph_break(self._function)
 
     def _binding(self, graph: CompiledGraph, args: tuple[Any, ...]) -> _Binding:
@@ -233,6 +252,12 @@ class TrustedCall:
             match = _USER.match(name)
             if match and match.group(1) in self._params:
                 user.append((placeholder, self._params.index(match.group(1))))
+            elif not isinstance(template[-1], torch.Tensor) and not _SIZE.match(name):
+                raise CGCompileError(
+                    f"cgcompile.trusted: the graph reads {name}, a Python "
+                    f"{type(template[-1]).__name__} that Dynamo passes as a graph input; its "
+                    f"value would be frozen at binding (make it a tensor or a constant)"
+                )
         checks = tuple(
             (i, a.dtype, a.dim()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)
         )
@@ -251,6 +276,22 @@ class TrustedCall:
             binding.first_address = binding.first.data_ptr()
             binding.last_address = binding.last.data_ptr()
         return binding
+
+
+def _hooked(compiled: Any) -> bool:
+    """Whether a call of `compiled` runs module hooks outside the forward's frame (the compiled
+    wrapper's, its model's, or global ones), as `nn.Module.__call__` would see them."""
+    modules = (compiled, getattr(compiled, "_orig_mod", None))
+    return any(
+        m is not None
+        and (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
+        for m in modules
+    ) or bool(
+        _module._global_forward_hooks
+        or _module._global_forward_pre_hooks
+        or _module._global_backward_hooks
+        or _module._global_backward_pre_hooks
+    )
 
 
 def _compiled_graph(function: Any) -> CompiledGraph | None:
@@ -297,3 +338,10 @@ def trusted(compiled: Any) -> Callable[..., Any]:
     """A callable that replays `compiled`'s captured graphs without Dynamo (see the module
     docstring for what it checks and what it trusts); other calls go through `compiled`."""
     return TrustedCall(compiled)
+
+
+def guarded(compiled: Any) -> Callable[..., Any]:
+    """A callable that replays `compiled`'s captured graphs after the guard check of their
+    Dynamo cache entry and cgcompile's own, without the bytecode that gathers every parameter
+    (see the module docstring); other calls go through `compiled`."""
+    return TrustedCall(compiled, check_guards=True)

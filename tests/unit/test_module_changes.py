@@ -2,8 +2,9 @@
 of the compiled model equals an eager call of the same model (it recompiles, recaptures or
 replays as need be). Parameters replaced, assigned by `load_state_dict(assign=True)` or written
 in place, a submodule swapped (an adapter), train/eval, an attribute that changes control flow,
-a dtype move, a representative parameter's `.data` swapped; a second instance of the class.
-What the default does not see is listed in `calls/instances.py`."""
+a global the forward reads, a dtype move, a representative parameter's `.data` swapped; a
+second instance of the class. `cgcompile.guarded` sees each of them too. What the default does
+not see is listed in `calls/instances.py`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,18 @@ import pytest
 import torch
 from torch import nn
 
+import cgcompile
+
 OPTIONS = {"graph_runtime": "simulated", "compiler": "eager", "cudagraph_capture_sizes": [4, 8]}
+SCALE = 1.0
+"""A global the forward reads (Dynamo guards its value)."""
+
+
+@pytest.fixture(autouse=True)
+def _scale_restored():
+    yield
+    global SCALE
+    SCALE = 1.0
 
 
 class Adapted(nn.Module):
@@ -31,7 +43,7 @@ class Adapted(nn.Module):
             y = y * 2
         if self.training:
             y = y + 1
-        return y
+        return y * SCALE
 
 
 def _replace_parameter(model: Adapted) -> None:
@@ -59,6 +71,11 @@ def _flag(model: Adapted) -> None:
     model.doubled = True
 
 
+def _global_flag(model: Adapted) -> None:
+    global SCALE
+    SCALE = 3.0
+
+
 def _move_dtype(model: Adapted) -> None:
     model.double()
 
@@ -74,6 +91,7 @@ CHANGES = [
     _swap_adapter,
     _train,
     _flag,
+    _global_flag,
     _move_dtype,
     _swap_data,
 ]
@@ -115,3 +133,56 @@ def test_a_second_instance_gets_its_own_results():
             twin.a.weight.mul_(3)
         x = torch.randn(4, 8)
         assert torch.equal(fn(x), twin(x)) and torch.equal(compiled[0](x), first(x))
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=lambda f: f.__name__.strip("_"))
+def test_guarded_sees_every_change_the_default_sees(change: Callable[[Adapted], None]):
+    """`cgcompile.guarded` skips Dynamo's bytecode, not its guards: after each change the next
+    call goes through the compiled model, and later ones replay again."""
+    torch.manual_seed(0)
+    model = Adapted().eval()
+    fast = cgcompile.guarded(torch.compile(model, backend="cudagraph_modes", options=OPTIONS))
+    with torch.no_grad():
+        for n in (4, 8) * 4:  # compiled (static 4, then dynamic), captured, replayed, bound
+            x = torch.randn(n, 8)
+            assert torch.equal(fast(x), model(x))
+        through = fast.calls_through_dynamo
+        for n in (4, 8):
+            x = torch.randn(n, 8)
+            assert torch.equal(fast(x), model(x))
+        assert fast.calls_through_dynamo == through  # bound: no Dynamo
+        change(model)
+        dtype = next(model.parameters()).dtype
+        for n in (4, 8) * 4:
+            x = torch.randn(n, 8, dtype=dtype)
+            assert torch.allclose(fast(x), model(x), atol=1e-6), change.__name__
+        if change is _write_in_place:  # same tensors at the same addresses: nothing to see
+            assert fast.calls_through_dynamo == through
+        else:
+            assert fast.calls_through_dynamo > through, change.__name__
+        if change is _global_flag:  # Dynamo now passes the float as an input: not bound
+            assert "G['SCALE']" in fast.refused
+            return
+        through = fast.calls_through_dynamo
+        x = torch.randn(4, 8, dtype=dtype)
+        assert torch.allclose(fast(x), model(x), atol=1e-6)
+        assert fast.calls_through_dynamo == through, change.__name__
+
+
+def test_guarded_runs_the_top_modules_hooks():
+    torch.manual_seed(0)
+    model = Adapted().eval()
+    fast = cgcompile.guarded(torch.compile(model, backend="cudagraph_modes", options=OPTIONS))
+    with torch.no_grad():
+        for n in (4, 8) * 4:
+            x = torch.randn(n, 8)
+            assert torch.equal(fast(x), model(x))
+        seen = []
+        handle = model.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+        x = torch.randn(4, 8)
+        fast(x)
+        assert seen == [(4, 8)]
+        handle.remove()
+        through = fast.calls_through_dynamo
+        fast(x)
+        assert seen == [(4, 8)] and fast.calls_through_dynamo == through  # replays again
