@@ -53,8 +53,11 @@ FAMILIES = ("llama", "rows", "hf")
 CACHE_LEN = 2048
 
 
-def _model(family: str, layers: int, device: str) -> tuple[torch.nn.Module, Callable[[], Any]]:
-    """The family's model and a decode step of batch 8 on it: (model, call(fn))."""
+def _model(
+    family: str, layers: int, device: str, mark: bool = True
+) -> tuple[torch.nn.Module, Callable[[], Any]]:
+    """The family's model and a decode step of batch 8 on it: (model, call(fn)); `mark`: the
+    rows step's inputs marked dynamic (the 10-line backend compiles static graphs)."""
     if family == "llama":
         from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
 
@@ -67,7 +70,8 @@ def _model(family: str, layers: int, device: str) -> tuple[torch.nn.Module, Call
 
         cfg = RowsConfig(num_layers=layers)
         tokens, pos = rows_inputs(cfg, 8, device, 0)
-        cgcompile.mark_dynamic_batch(tokens, pos)
+        if mark:
+            cgcompile.mark_dynamic_batch(tokens, pos)
         return RowsLlama(cfg).to(device).eval(), lambda fn: fn(tokens, pos)
     import transformers
 
@@ -127,7 +131,7 @@ def child(family: str, layers: int, variant: str, calls: int, cuda: bool) -> dic
         torch._dynamo.config.use_recursive_dict_tags_for_guards = True
         torch._dynamo.config.max_saved_pointers_for_recursive_dict_tags_check = 10**6
     torch.manual_seed(0)
-    model, step = _model(family, layers, device)
+    model, step = _model(family, layers, device, mark=variant != "tenline")
     if variant == "tenline":
         backend = tenline_backend if cuda else _noop_backend
         compiled = torch.compile(model, backend=backend, dynamic=False)
@@ -173,6 +177,8 @@ def child(family: str, layers: int, variant: str, calls: int, cuda: bool) -> dic
             "own_us": 0.0,
             "guards": dict(kinds),
         }
+        if cuda:  # the process's host speed: a bare replay of a one-kernel graph
+            row["bare_replay_us"] = median_us(_bare_replay())
         if variant == "tenline":
             return row
         row["own_us"] = median_us(lambda: graph(*outer))
@@ -183,6 +189,15 @@ def child(family: str, layers: int, variant: str, calls: int, cuda: bool) -> dic
                 row[f"{name}_through_dynamo"] = fast.calls_through_dynamo
                 row[f"{name}_refused"] = fast.refused
         return row
+
+
+def _bare_replay() -> Callable[[], Any]:
+    x = torch.randn(8, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        x.mul_(1.0)
+    return graph.replay
 
 
 def _noop_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
@@ -212,7 +227,17 @@ def main() -> None:
         family, layers, variant = args.child
         print(json.dumps(child(family, int(layers), variant, args.calls, args.cuda)))
         return
-    rows = []
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name() if args.cuda else "cpu",
+        "torch": torch.__version__,
+        "commit": os.environ.get("CGCOMPILE_COMMIT", "unknown"),
+        "what": "us per call (median, device synchronised before each): the call, its guard "
+        "check alone, cgcompile's share; guards counted by kind; on CUDA the process's bare "
+        "replay of a one-kernel graph",
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
     for family in args.families:
         for layers in args.layers:
             for variant in args.variants:
@@ -225,16 +250,8 @@ def main() -> None:
                     continue
                 rows.append(json.loads(lines[-1]))
                 print(_line(rows[-1]), flush=True)
-    meta = {
-        "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name() if args.cuda else "cpu",
-        "torch": torch.__version__,
-        "commit": os.environ.get("CGCOMPILE_COMMIT", "unknown"),
-        "what": "us per call (median, device synchronised before each): the call, its guard "
-        "check alone, cgcompile's share; guards counted by kind",
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "guard-costs.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+                out = {"meta": meta, "rows": rows}  # after each row: a cut-off run keeps them
+                (args.out / "guard-costs.json").write_text(json.dumps(out, indent=1))
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -246,10 +263,11 @@ def _line(row: dict[str, Any]) -> str:
         for name in ("guarded", "trusted")
         if name + "_us" in row
     )
+    replay = f"; bare replay {row['bare_replay_us']:.1f} us" if "bare_replay_us" in row else ""
     return (
         f"{row['family']:5} {row['layers']:3} layers {row['variant']:9} call {row['call_us']:7.1f}"
         f" us = guards {row['guards_us']:6.1f} + rest of Dynamo {rest:6.1f} + cgcompile "
-        f"{row['own_us']:5.1f}; {row['tensors']} tensors; guards: {kinds or '-'}{opt_ins}"
+        f"{row['own_us']:5.1f}; {row['tensors']} tensors; guards: {kinds or '-'}{opt_ins}{replay}"
     )
 
 
