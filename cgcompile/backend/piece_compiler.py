@@ -29,7 +29,9 @@ from typing import Any
 import torch
 from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensor
 
+from cgcompile.backend.inductor_cache import source_keys_ready
 from cgcompile.passes.output_addmm import OutputAddmmPass
 from cgcompile.passes.split import SplitItem, SplitResult, generated_forward, graph_signature
 
@@ -217,10 +219,10 @@ def compile_pieces(
     """Compile every capturable piece; returns piece name -> runner."""
     fake_mode = torch._guards.detect_fake_mode(example_inputs)
     pieces = _Pieces(split.split_gm, compiler)
-    fake_args = [
-        fake_mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in example_inputs
-    ]
+    fake_args = [_fake(a, fake_mode) for a in example_inputs]
     recorded = {item.name: recorded_args(item, fake_args, fake_mode) for item in split.capturable}
+    if compiler == "inductor":
+        source_keys_ready()
     with fake_mode, enable_python_dispatcher():
         if all(args is not None for args in recorded.values()):
             for name, args in recorded.items():
@@ -234,6 +236,14 @@ def compile_pieces(
             gm = split.split_gm.get_submodule(name)
             _specialize(runner, gm, args, returns_tuple, compile_sizes, batch_exprs)
     return pieces.runners
+
+
+def _fake(value: Any, fake_mode: Any) -> Any:
+    """`value` in `fake_mode`: a real tensor's fake (Dynamo's, memoised), a fake of that mode as
+    it is (a precompiled graph's rebuilt examples: converting each again cost ~0.3 s a load)."""
+    if isinstance(value, FakeTensor) and value.fake_mode is fake_mode:
+        return value
+    return fake_mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
 
 
 def _specialize(
