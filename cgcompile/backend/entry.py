@@ -14,7 +14,6 @@ from torch import fx
 
 from cgcompile.backend.analyses import Analyses
 from cgcompile.backend.batch_one_sharing import remember_dynamic, serve_batch_one
-from cgcompile.backend.inductor_cache import prefetch_source_keys
 from cgcompile.backend.input_analysis import plan_inputs
 from cgcompile.backend.pipeline import compile_graph
 from cgcompile.calls.compiled_graph import CompiledGraph
@@ -47,8 +46,6 @@ def compile_dynamo_graph(
     """One Dynamo graph: served by a live dynamic graph if it is that graph at batch 1, else
     compiled (`analyses`: the saving process's, for a graph rebuilt from a precompiled file).
     The graph's inputs are read once, here, for both."""
-    if config.compiler == "inductor":
-        prefetch_source_keys()
     plan = plan_inputs(gm, example_inputs)
     served, not_shared = serve_batch_one(gm, example_inputs, plan, config)
     if served is not None:  # Dynamo's batch-1 graph: the dynamic graph's compile serves it

@@ -1,10 +1,6 @@
 """What torch's compile caches did during this process's compiles: their hits and misses per
 graph (the report's `inductor_cache`), and whether a compile cache loaded by
-`cgcompile.load_compile_cache` lacked some compile since, said once at WARNING. And the keys
-those caches hash torch's and Triton's sources into, computed once per process (reading and
-hashing files: ~0.5 s on the H100 machine, at a precompiled load's first piece), started in a
-thread beside the work before the first compile (`prefetch_source_keys`: a load's unpickle, a
-cold compile's analyses and split; hashing releases the GIL) and waited for before it.
+`cgcompile.load_compile_cache` lacked some compile since, said once at WARNING.
 
     before = inductor_cache_counts()
     ...                                         # compile one graph
@@ -15,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 
 from torch._dynamo.utils import counters as torch_counters
 
@@ -84,39 +79,3 @@ def note_compiled(graph_id: int) -> None:
             loaded.path,
             missed,
         )
-
-
-_prefetch: threading.Thread | None = None
-
-
-def prefetch_source_keys() -> None:
-    """Start computing Inductor's source keys in a thread (once per process)."""
-    global _prefetch
-    if _prefetch is not None:
-        return
-    from torch._inductor import codecache
-
-    keys = [codecache.torch_key]
-    try:
-        from torch._inductor.runtime.triton_compat import HAS_TRITON, triton_key
-
-        keys += [triton_key] if HAS_TRITON else []
-    except ImportError:  # a torch without this module: its own call computes the key
-        pass
-
-    def compute() -> None:
-        for key in keys:
-            try:
-                key()
-            except Exception:  # the compile that needs it computes it and raises there
-                logger.debug("prefetching %s failed", key, exc_info=True)
-
-    _prefetch = threading.Thread(target=compute, name="cgcompile-source-keys", daemon=True)
-    _prefetch.start()
-
-
-def source_keys_ready() -> None:
-    """Wait for `prefetch_source_keys` (torch's caches of the keys take no lock on every
-    version: a compile meanwhile would hash the sources again)."""
-    if _prefetch is not None:
-        _prefetch.join()

@@ -31,7 +31,6 @@ from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor
 
-from cgcompile.backend.inductor_cache import source_keys_ready
 from cgcompile.passes.output_addmm import OutputAddmmPass
 from cgcompile.passes.split import SplitItem, SplitResult, generated_forward, graph_signature
 
@@ -221,8 +220,6 @@ def compile_pieces(
     pieces = _Pieces(split.split_gm, compiler)
     fake_args = [_fake(a, fake_mode) for a in example_inputs]
     recorded = {item.name: recorded_args(item, fake_args, fake_mode) for item in split.capturable}
-    if compiler == "inductor":
-        source_keys_ready()
     with fake_mode, enable_python_dispatcher():
         if all(args is not None for args in recorded.values()):
             for name, args in recorded.items():

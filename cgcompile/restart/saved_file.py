@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from cgcompile.backend.inductor_cache import prefetch_source_keys
 from cgcompile.restart import load_steps
 from cgcompile.restart.compile_cache import header_differences
 from cgcompile.restart.examples import Example, dynamic_first
@@ -59,8 +58,6 @@ def load(
     batches (`"batch": "static"` in its header) was compiled for."""
     if not target.exists():
         return None, f"no file at {target}"
-    if options.get("compiler", "inductor") == "inductor":
-        prefetch_source_keys()  # beside the read and the unpickles, before the first piece
     with load_steps.step("read"):
         data = target.read_bytes()
     with load_steps.step("header"):
