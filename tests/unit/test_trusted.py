@@ -150,3 +150,33 @@ def test_trusted_replays_after_load_state_dict_in_place():
     through = fast.calls_through_dynamo
     _steps(fast, eager)
     assert fast.calls_through_dynamo == through
+
+
+def test_guarded_binds_beside_another_backends_compile_and_checks_its_own_guards():
+    """Its guard check is its own entry's (another backend's entry of the class does not stand
+    in for it); an input its guards reject goes through the compiled model, which fails as
+    eager does."""
+    torch.manual_seed(0)
+    model = Net().eval()
+    elsewhere = torch.compile(model, backend=_ten_line_backend)
+    fast = cgcompile.guarded(compile_model(model, "FULL"))
+    _steps(elsewhere, model)
+    _replays_without_dynamo(fast, model)
+    through = fast.calls_through_dynamo
+    x = torch.randn(4, 4, dtype=torch.float64)
+    with torch.no_grad(), pytest.raises(RuntimeError):  # float32 parameters, as in eager
+        fast(x)
+    assert fast.calls_through_dynamo == through + 1
+
+
+def test_guarded_calls_with_keywords_go_through_the_compiled_model():
+    torch.manual_seed(0)
+    model = Net().eval()
+    fast = cgcompile.guarded(compile_model(model, "FULL"))
+    _replays_without_dynamo(fast, model)
+    through = fast.calls_through_dynamo
+    with torch.no_grad(), cgcompile.batch_hint(uniform_decode=True):
+        x = torch.randn(4, 4)
+        cgcompile.mark_dynamic_batch(x)
+        torch.testing.assert_close(fast(x=x), model(x))
+    assert fast.calls_through_dynamo == through + 1
