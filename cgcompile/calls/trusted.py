@@ -281,9 +281,9 @@ class TrustedCall:
 def _hooked(compiled: Any) -> bool:
     """Whether a call of `compiled` runs module hooks outside the forward's frame (the compiled
     wrapper's, its model's, or global ones), as `nn.Module.__call__` would see them."""
-    modules = (compiled, getattr(compiled, "_orig_mod", None))
+    modules = (compiled, getattr(compiled, "_orig_mod", None))  # a compiled function: neither
     return any(
-        m is not None
+        isinstance(m, torch.nn.Module)
         and (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
         for m in modules
     ) or bool(

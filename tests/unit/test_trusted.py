@@ -180,3 +180,29 @@ def test_guarded_calls_with_keywords_go_through_the_compiled_model():
         cgcompile.mark_dynamic_batch(x)
         torch.testing.assert_close(fast(x=x), model(x))
     assert fast.calls_through_dynamo == through + 1
+
+
+def test_guarded_compiled_function_sees_a_global_it_reads():
+    torch.manual_seed(0)
+    model = Net().eval()
+    fast = cgcompile.guarded(compile_model(_scaled_step, "FULL"))
+    global FLIP
+    try:
+        for flip in (False, True):
+            FLIP = flip
+            for _ in range(6):
+                x = torch.randn(4, 4)
+                cgcompile.mark_dynamic_batch(x)
+                with torch.no_grad(), cgcompile.batch_hint(uniform_decode=True):
+                    torch.testing.assert_close(fast(model, x), _scaled_step(model, x))
+    finally:
+        FLIP = False
+    assert fast.refused is None and fast.calls_through_dynamo < 10  # of 12: most replayed
+
+
+FLIP = False
+
+
+def _scaled_step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    y = model(x)
+    return -y if FLIP else y
