@@ -44,6 +44,7 @@ PEERS = [
     "cg/FULL",
     "cg/FULL_AND_PIECEWISE",
     "cg/FULL/trusted",
+    "cg/FULL/guarded",
     "cg/FULL_AND_PIECEWISE/trusted",
 ]
 DEFAULT_MODELS = ["4x512", "16x1024"]
