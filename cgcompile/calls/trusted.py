@@ -12,7 +12,8 @@ never another compile's (every compile of a class, of any backend, shares the fo
 object and so Dynamo's cache).
 
 What both check per call, falling back to the compiled model (which recompiles, or recaptures,
-if need be): positional arguments only, as many as at binding; each tensor argument's dtype and
+if need be, and runs a call from a thread that does not own the graphs eagerly): the thread,
+positional arguments only, as many as at binding; each tensor argument's dtype and
 rank; grad mode; and, in O(1) whatever the model's size, what the compiled model's own instance
 check sees (`instances`): no parameter event since binding (a parameter, buffer or submodule
 assigned to any module: `model.w = nn.Parameter(...)`, `load_state_dict(assign=True)`; a
@@ -53,6 +54,7 @@ import dataclasses
 import inspect
 import logging
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -168,6 +170,8 @@ class TrustedCall:
                 return self._through_dynamo(args, kwargs)
         graph = binding.graph
         if graph.capture_turns is not None:  # a background capture_all: calls take turns
+            return self._through_dynamo(args, kwargs)
+        if graph.owner.ident != threading.get_ident():  # another thread's graphs: eager there
             return self._through_dynamo(args, kwargs)
         ready = graph._ready.get((binding.slot, n, graph._batch_kind(n), ()))
         if ready is None or (ready.outputs.still_held() and not ready.outputs.release()):

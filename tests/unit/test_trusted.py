@@ -4,6 +4,7 @@ compiled from the same class, and replays them only while the model is as it was
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -206,3 +207,33 @@ FLIP = False
 def _scaled_step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     y = model(x)
     return -y if FLIP else y
+
+
+@pytest.mark.parametrize("wrap", [cgcompile.trusted, cgcompile.guarded], ids=["trusted", "guarded"])
+def test_calls_from_other_threads_equal_eager(wrap):
+    """The graphs belong to the thread that owns the compiled graph: another thread's calls go
+    through the compiled model (which runs them eagerly), never replay beside the owner's."""
+    torch.manual_seed(0)
+    model = Net().eval()
+    fast = wrap(compile_model(model, "FULL"))
+    _replays_without_dynamo(fast, model)
+    wrong: list[object] = []
+
+    def work(seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        try:
+            for _ in range(30):
+                x = torch.randn(4, 4, generator=gen)
+                with torch.no_grad(), cgcompile.batch_hint(uniform_decode=True):
+                    if not torch.allclose(fast(x).clone(), model(x), atol=1e-6):
+                        wrong.append(seed)
+        except Exception as exc:  # noqa: BLE001 - a failed thread fails the test
+            wrong.append(exc)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in workers:
+        t.start()
+    work(99)  # the owner replays meanwhile
+    for t in workers:
+        t.join()
+    assert wrong == []
