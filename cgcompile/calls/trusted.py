@@ -13,7 +13,8 @@ object and so Dynamo's cache).
 
 What both check per call, falling back to the compiled model (which recompiles, or recaptures,
 if need be, and runs a call from a thread that does not own the graphs eagerly): the thread,
-positional arguments only, as many as at binding; each tensor argument's dtype and
+no forward context set by the caller (manual mode: its mode and descriptor decide), positional
+arguments only, as many as at binding; each tensor argument's dtype and
 rank; grad mode; and, in O(1) whatever the model's size, what the compiled model's own instance
 check sees (`instances`): no parameter event since binding (a parameter, buffer or submodule
 assigned to any module: `model.w = nn.Parameter(...)`, `load_state_dict(assign=True)`; a
@@ -63,6 +64,7 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch.nn.modules import module as _module
 
 from cgcompile.calls.compiled_graph import RETURNED, CompiledGraph
+from cgcompile.calls.forward_context import FORWARD_CONTEXT
 from cgcompile.calls.instances import EVENTS
 from cgcompile.errors import CGCompileError
 
@@ -172,6 +174,8 @@ class TrustedCall:
         if graph.capture_turns is not None:  # a background capture_all: calls take turns
             return self._through_dynamo(args, kwargs)
         if graph.owner.ident != threading.get_ident():  # another thread's graphs: eager there
+            return self._through_dynamo(args, kwargs)
+        if FORWARD_CONTEXT.get() is not None:  # the caller's own mode and descriptor
             return self._through_dynamo(args, kwargs)
         ready = graph._ready.get((binding.slot, n, graph._batch_kind(n), ()))
         if ready is None or (ready.outputs.still_held() and not ready.outputs.release()):

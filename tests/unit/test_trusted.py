@@ -237,3 +237,24 @@ def test_calls_from_other_threads_equal_eager(wrap):
     for t in workers:
         t.join()
     assert wrong == []
+
+
+@pytest.mark.parametrize("wrap", [cgcompile.trusted, cgcompile.guarded], ids=["trusted", "guarded"])
+def test_a_forward_context_set_by_the_caller_decides(wrap):
+    """Manual mode: under the caller's own context (here NONE: no graphs) calls go through the
+    compiled model, which follows it."""
+    fast, model, eager = _warm() if wrap is cgcompile.trusted else _warm_guarded()
+    through = fast.calls_through_dynamo
+    with cgcompile.set_forward_context(cgcompile.CUDAGraphMode.NONE, cgcompile.BatchDescriptor(4)):
+        with cgcompile.counters.expect(num_cudagraph_captured=0):
+            _steps(fast, eager, calls=3)
+    assert fast.calls_through_dynamo == through + 3
+
+
+def _warm_guarded():
+    torch.manual_seed(0)
+    model = Net().eval()
+    eager = copy.deepcopy(model)
+    fast = cgcompile.guarded(compile_model(model, "FULL"))
+    _replays_without_dynamo(fast, model)
+    return fast, model, eager
