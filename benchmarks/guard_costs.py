@@ -8,13 +8,14 @@ variant's process, the same compiled model called through `cgcompile.guarded` an
 `cgcompile.trusted` (Dynamo's guards checked without its bytecode; no Dynamo at all).
 
 Each (family, layers, variant) runs in its own process (in one process Dynamo walks every
-compiled peer's cache entry of the same `forward`). Per process: the median over `--calls`
-calls, each timed alone with the device synchronised before it, of the compiled model's call,
-of its guard check alone (`guard_manager.check` on the call's frame locals) and of its
-`CompiledGraph` called with the arguments Dynamo passes (cgcompile's share, replay included).
-A Hugging Face model is called with keywords, which `guarded` and `trusted` refuse (said).
-Families (`--families`): the example Llama, the KV-rows step, a Hugging Face Llama; tiny dims
-(host time depends on the number of modules and tensors, not on their sizes), eager pieces,
+compiled peer's cache entry of the same `forward`), `--rounds` times in alternating order (the
+GPU machine's host is noisy in bursts: compare a cell's rounds). Per process: the median over
+`--calls` calls, each timed alone with the device synchronised before it, of the compiled
+model's call, of its guard check alone (`guard_manager.check` on the call's frame locals) and of
+its `CompiledGraph` called with the arguments Dynamo passes (cgcompile's share, replay
+included). A Hugging Face model is called with keywords, which `guarded` and `trusted` refuse
+(said). Families (`--families`): the example Llama, the KV-rows step, a Hugging Face Llama; tiny
+dims (host time depends on the number of modules and tensors, not on their sizes), eager pieces,
 FULL, batch 8. On the CPU replays are no-ops; `--cuda` replays real graphs.
 
     python benchmarks/guard_costs.py --out OUT [--layers 16 64] [--families llama rows hf] [--cuda]
@@ -220,6 +221,9 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="processes per cell, in alternating order"
+    )
     parser.add_argument("--cuda", action="store_true", help="real CUDA graphs, GPU synchronised")
     parser.add_argument("--child", nargs=3, metavar=("FAMILY", "LAYERS", "VARIANT"))
     args = parser.parse_args()
@@ -238,20 +242,20 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    for family in args.families:
-        for layers in args.layers:
-            for variant in args.variants:
-                cmd = [sys.executable, __file__, "--child", family, str(layers), variant]
-                cmd += ["--calls", str(args.calls)] + (["--cuda"] if args.cuda else [])
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-                lines = proc.stdout.strip().splitlines()
-                if proc.returncode or not lines:
-                    print(f"{family} {layers} {variant}: ERROR {proc.stderr[-800:]}", flush=True)
-                    continue
-                rows.append(json.loads(lines[-1]))
-                print(_line(rows[-1]), flush=True)
-                out = {"meta": meta, "rows": rows}  # after each row: a cut-off run keeps them
-                (args.out / "guard-costs.json").write_text(json.dumps(out, indent=1))
+    cells = [(f, n, v) for f in args.families for n in args.layers for v in args.variants]
+    for turn in range(args.rounds):  # each cell once per round, every other round reversed
+        for family, layers, variant in cells if turn % 2 == 0 else cells[::-1]:
+            cmd = [sys.executable, __file__, "--child", family, str(layers), variant]
+            cmd += ["--calls", str(args.calls)] + (["--cuda"] if args.cuda else [])
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            lines = proc.stdout.strip().splitlines()
+            if proc.returncode or not lines:
+                print(f"{family} {layers} {variant}: ERROR {proc.stderr[-800:]}", flush=True)
+                continue
+            rows.append({**json.loads(lines[-1]), "round": turn})
+            print(_line(rows[-1]), flush=True)
+            out = {"meta": meta, "rows": rows}  # after each row: a cut-off run keeps them
+            (args.out / "guard-costs.json").write_text(json.dumps(out, indent=1))
 
 
 def _line(row: dict[str, Any]) -> str:

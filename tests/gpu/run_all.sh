@@ -83,8 +83,9 @@ run host64 host-per-call-64.log python benchmarks/host_per_call.py --out "$out/h
   --layers 64 --rounds 2
 # not in the default stages: the default call's host time split into guards, the rest of Dynamo
 # and cgcompile's share, beside guarded, trusted and the 10-line backend, 16 and 64 layers,
-# three families, one process each (STAGES=guards, ~8 min: --variants default tenline to fit)
-run guards guard-costs.log python benchmarks/guard_costs.py --out "$out/guards" --cuda
+# three families, one process each, two rounds (STAGES=guards, ~8 min)
+run guards guard-costs.log python benchmarks/guard_costs.py --out "$out/guards" --cuda --rounds 2 \
+  --variants default tenline
 run loop decode-loop.log python benchmarks/decode_loop.py --out "$out" --piecewise
 run quickstart quickstart.log python examples/quickstart.py
 run bench benchmark.log python benchmarks/decode.py --out "$out" "$@"
