@@ -237,7 +237,8 @@ def compile_pieces(
 
 def _fake(value: Any, fake_mode: Any) -> Any:
     """`value` in `fake_mode`: a real tensor's fake (Dynamo's, memoised), a fake of that mode as
-    it is (a precompiled graph's rebuilt examples: converting each again cost ~0.3 s a load)."""
+    it is (a precompiled graph's rebuilt examples: `from_tensor` made a new fake of each, 0.63 s
+    under cProfile for the 16-layer bf16 Llama's load on the H100)."""
     if isinstance(value, FakeTensor) and value.fake_mode is fake_mode:
         return value
     return fake_mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
