@@ -133,6 +133,8 @@ class TrustedCall:
             self._locals = {}
         self._function = function
         self._params = [p for p in inspect.signature(function).parameters if p not in self._locals]
+        self._frame = dict(self._locals)
+        """`guarded`'s frame locals, refilled per call."""
         self._grad = False
         """Grad mode at binding: a call in the other mode needs Dynamo's other graph."""
         self._bindings: dict[int | None, _Binding] = {}
@@ -165,17 +167,14 @@ class TrustedCall:
             arg = args[position]
             if arg.dtype is not dtype or arg.dim() != rank:
                 return self._through_dynamo(args, kwargs)
-        if binding.guards is not None:
-            if _hooked(self.compiled) or not binding.guards.check(
-                {**self._locals, **dict(zip(self._params, args, strict=True))}
-            ):
-                return self._through_dynamo(args, kwargs)
         graph = binding.graph
         if graph.capture_turns is not None:  # a background capture_all: calls take turns
             return self._through_dynamo(args, kwargs)
         if graph.owner.ident != threading.get_ident():  # another thread's graphs: eager there
             return self._through_dynamo(args, kwargs)
         if FORWARD_CONTEXT.get() is not None:  # the caller's own mode and descriptor
+            return self._through_dynamo(args, kwargs)
+        if binding.guards is not None and not self._guards_pass(binding.guards, args):
             return self._through_dynamo(args, kwargs)
         ready = graph._ready.get((binding.slot, n, graph._batch_kind(n), ()))
         if ready is None or (ready.outputs.still_held() and not ready.outputs.release()):
@@ -190,6 +189,19 @@ class TrustedCall:
         if binding.returns == "first":
             return out[0]
         return out if binding.returns == "list" else tuple(out)
+
+    def _guards_pass(self, guards: Any, args: tuple[Any, ...]) -> bool:
+        """`guarded`: no module hooks outside the forward, and the entry's guards accept the
+        call's frame locals (one dict, refilled per call and emptied after)."""
+        if _hooked(self.compiled):
+            return False
+        frame = self._frame
+        for i, name in enumerate(self._params):
+            frame[name] = args[i]
+        passed = guards.check(frame)
+        for name in self._params:
+            frame[name] = None
+        return passed
 
     def _through_dynamo(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The compiled model's own call, recording what each graph returned; then bind."""

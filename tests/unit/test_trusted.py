@@ -153,10 +153,9 @@ def test_trusted_replays_after_load_state_dict_in_place():
     assert fast.calls_through_dynamo == through
 
 
-def test_guarded_binds_beside_another_backends_compile_and_checks_its_own_guards():
-    """Its guard check is its own entry's (another backend's entry of the class does not stand
-    in for it); an input its guards reject goes through the compiled model, which fails as
-    eager does."""
+def test_guarded_binds_beside_another_backends_compile():
+    """It binds its own entry, not another backend's of the class; an input of another dtype
+    goes through the compiled model, which fails as eager does."""
     torch.manual_seed(0)
     model = Net().eval()
     elsewhere = torch.compile(model, backend=_ten_line_backend)
