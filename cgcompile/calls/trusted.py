@@ -35,15 +35,10 @@ returns anything but a graph output or a tuple or list of them (Python work afte
 would be skipped, e.g. a Hugging Face `ModelOutput`), and a call that ran no graph of
 backend='cudagraph_modes'.
 
-Why the default call does not do this itself (torch 2.9-2.14; issue 41): a backend cannot
-change the code Dynamo runs before its graph, nor filter its guards. `torch.compile` pops
-`guard_filter_fn` out of `options` into Dynamo's hooks before the backend is built, and Dynamo
-builds the guards and the bytecode after the backend returned; the backend gets only the graph
-and its options. Dynamo's `install_free_tensors` (parameters as graph attributes, not inputs)
-is process-wide, must be set before the trace, and drops what identifies the called instance
-(a second instance of the class, a replaced parameter would replay the first's graphs). And
-guards are the small part on the GPU machine: on the H100 (torch 2.11) the example Llama's guard
-check takes 7.6 us at 16 layers and 15.5 us at 64, the rest of Dynamo's path 46 and 105 us.
+Why the default call does not do this itself (torch 2.9-2.14; issue 41): a backend can neither
+change the code Dynamo runs before its graph nor filter its guards (`torch.compile` pops
+`guard_filter_fn` before the backend is built); Dynamo's `install_free_tensors` is process-wide
+and loses what identifies the called instance. Figures: docs/BENCHMARKS.md, host time per call.
 
     fast = cgcompile.guarded(compiled)     # after warm-up calls of the compiled model
     logits = fast(tokens, positions)
@@ -51,7 +46,6 @@ check takes 7.6 us at 16 layers and 15.5 us at 64, the rest of Dynamo's path 46 
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import re
@@ -61,57 +55,23 @@ from typing import Any
 
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-from torch.nn.modules import module as _module
 
 from cgcompile.calls.compiled_graph import RETURNED, CompiledGraph
 from cgcompile.calls.forward_context import FORWARD_CONTEXT
+from cgcompile.calls.frame_binding import (
+    SIZE,
+    Binding,
+    compiled_graph_of,
+    graph_break,
+    hooked,
+    returns_of,
+    source_value,
+)
 from cgcompile.calls.instances import EVENTS
 from cgcompile.errors import CGCompileError
 
 logger = logging.getLogger(__name__)
 _USER = re.compile(r"^L\['(\w+)'\]$")
-_SIZE = re.compile(r"^L\['(\w+)'\]\.size\(\)\[(\d+)\]$")
-
-
-@dataclasses.dataclass
-class _Binding:
-    """One compiled graph of the forward, bound to the call's positional arguments."""
-
-    graph: CompiledGraph
-    slot: int
-    user: tuple[tuple[int, int], ...]
-    """(placeholder, argument position) of each tensor the caller passes."""
-    batch_arg: int
-    """The argument position of the first batch tensor."""
-    template: list[Any]
-    """Every placeholder's value; the caller's tensors and sizes are replaced per call."""
-    checks: tuple[tuple[int, torch.dtype, int], ...]
-    """(argument position, dtype, rank) of the tensor arguments at binding."""
-    events: int = -1
-    """`EVENTS.count` at binding: a parameter, buffer or submodule assigned since (anywhere)
-    makes calls go through the compiled model, which checks the instance, and binds again."""
-    first: torch.Tensor | None = None
-    last: torch.Tensor | None = None
-    """The graph's two representative static tensors (`InstanceSlots.reps`) as bound; None for
-    a graph without parameters or buffers."""
-    first_address: int = 0
-    last_address: int = 0
-    """Their `data_ptr` at binding: found elsewhere (`p.data = t`, `model.half()`,
-    `.to(...)`), calls go through the compiled model, whose check drops the moved graphs."""
-    returns: str | None = None
-    """How the forward's return is made from the graph's outputs: 'first', 'tuple', 'list'."""
-    guards: Any = None
-    """`guarded`: the guard manager of the Dynamo cache entry that runs `graph`."""
-
-    def is_current(self) -> bool:
-        """Whether the model is as bound, as far as an O(1) check sees (the per-call check)."""
-        first = self.first
-        return self.events == EVENTS.count and (
-            first is None
-            or (
-                first.data_ptr() == self.first_address and self.last.data_ptr() == self.last_address
-            )
-        )
 
 
 class TrustedCall:
@@ -137,7 +97,7 @@ class TrustedCall:
         """`guarded`'s frame locals, refilled per call."""
         self._grad = False
         """Grad mode at binding: a call in the other mode needs Dynamo's other graph."""
-        self._bindings: dict[int | None, _Binding] = {}
+        self._bindings: dict[int | None, Binding] = {}
         """Batch size -> binding of the graph specialised to it; None: the dynamic graph."""
         self._batch_arg: int | None = None
         self.refused: str | None = None
@@ -193,7 +153,7 @@ class TrustedCall:
     def _guards_pass(self, guards: Any, args: tuple[Any, ...]) -> bool:
         """`guarded`: no module hooks outside the forward, and the entry's guards accept the
         call's frame locals (one dict, refilled per call and emptied after)."""
-        if _hooked(self.compiled):
+        if hooked(self.compiled):
             return False
         frame = self._frame
         for i, name in enumerate(self._params):
@@ -232,7 +192,7 @@ class TrustedCall:
                 "cgcompile.trusted needs backend='cudagraph_modes': no graph of it ran in this call"
             )
         if len(returned) > 1:
-            raise _graph_break(self._function)
+            raise graph_break(self._function)
         graph, out = returned[0]
         if not graph.uses_graphs:  # e.g. the graph of the other grad mode
             return
@@ -241,7 +201,7 @@ class TrustedCall:
         binding = self._bindings.get(key)
         if binding is None or binding.graph is not graph or not binding.is_current():
             binding = self._bindings[key] = self._binding(graph, args)
-        binding.returns = _returns(result, out)
+        binding.returns = returns_of(result, out)
         if key is None:  # Dynamo now runs the dynamic graph for this size (e.g. automatic
             self._bindings.pop(args[binding.batch_arg].shape[0], None)  # dynamic after a trace)
         if self.check_guards:
@@ -252,14 +212,14 @@ class TrustedCall:
         none (a graph break leaves Python work between graphs, which replaying one would skip)."""
         for entry in _debug_get_cache_entry_list(self._function.__code__):
             names = [n for n in entry.code.co_names if n.startswith("__compiled_fn")]
-            if graph not in (_compiled_graph(self._function.__globals__.get(n)) for n in names):
+            if graph not in (compiled_graph_of(self._function.__globals__.get(n)) for n in names):
                 continue  # another compile's entry, of this or another backend
             if len(names) != 1 or any(n.startswith("__resume_at") for n in entry.code.co_names):
-                raise _graph_break(self._function)
+                raise graph_break(self._function)
             return entry
-        raise _graph_break(self._function)
+        raise graph_break(self._function)
 
-    def _binding(self, graph: CompiledGraph, args: tuple[Any, ...]) -> _Binding:
+    def _binding(self, graph: CompiledGraph, args: tuple[Any, ...]) -> Binding:
         if graph._sized:
             raise CGCompileError(
                 "cgcompile.trusted: the graph has int inputs other than the batch size (or host "
@@ -268,11 +228,11 @@ class TrustedCall:
         frame = {**self._locals, **dict(zip(self._params, args, strict=False))}
         user, template = [], []
         for placeholder, name in enumerate(graph.plan.names):
-            template.append(_value(name, frame, self._function.__globals__, args))
+            template.append(source_value(name, frame, self._function.__globals__, args))
             match = _USER.match(name)
             if match and match.group(1) in self._params:
                 user.append((placeholder, self._params.index(match.group(1))))
-            elif not isinstance(template[-1], torch.Tensor) and not _SIZE.match(name):
+            elif not isinstance(template[-1], torch.Tensor) and not SIZE.match(name):
                 raise CGCompileError(
                     f"cgcompile.trusted: the graph reads {name}, a Python "
                     f"{type(template[-1]).__name__} that Dynamo passes as a graph input; its "
@@ -289,69 +249,13 @@ class TrustedCall:
                 "cgcompile.trusted: the graph has no batch input the caller passes"
             )
         self._batch_arg = batch_arg
-        binding = _Binding(graph, slot, tuple(user), batch_arg, template, checks, EVENTS.count)
+        binding = Binding(graph, slot, tuple(user), batch_arg, template, checks, EVENTS.count)
         reps = graph.instances.reps
         if reps is not None:
             binding.first, binding.last = template[reps[0]], template[reps[1]]
             binding.first_address = binding.first.data_ptr()
             binding.last_address = binding.last.data_ptr()
         return binding
-
-
-def _hooked(compiled: Any) -> bool:
-    """Whether a call of `compiled` runs module hooks outside the forward's frame (the compiled
-    wrapper's, its model's, or global ones), as `nn.Module.__call__` would see them."""
-    modules = (compiled, getattr(compiled, "_orig_mod", None))  # a compiled function: neither
-    return any(
-        isinstance(m, torch.nn.Module)
-        and (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
-        for m in modules
-    ) or bool(
-        _module._global_forward_hooks
-        or _module._global_forward_pre_hooks
-        or _module._global_backward_hooks
-        or _module._global_backward_pre_hooks
-    )
-
-
-def _compiled_graph(function: Any) -> CompiledGraph | None:
-    """The `CompiledGraph` a compiled function Dynamo installed calls, else None."""
-    while function is not None and not isinstance(function, CompiledGraph):
-        function = getattr(function, "__wrapped__", None)
-    return function
-
-
-def _graph_break(function: Any) -> CGCompileError:
-    return CGCompileError(
-        f"cgcompile.trusted: {function.__qualname__} compiles to more than one graph (a graph "
-        f"break); compile it with fullgraph=True to find the break"
-    )
-
-
-def _value(name: str, frame: dict[str, Any], globals_: dict[str, Any], args: Any) -> Any:
-    size = _SIZE.match(name)
-    if size:
-        return frame[size.group(1)].shape[int(size.group(2))]
-    try:
-        return eval(name, {"G": globals_}, {"L": frame})  # Dynamo's source names are Python
-    except Exception as exc:
-        raise CGCompileError(
-            f"cgcompile.trusted cannot bind the graph input {name} ({type(exc).__name__}); call "
-            f"the compiled model instead"
-        ) from exc
-
-
-def _returns(result: Any, out: list[Any]) -> str | None:
-    if isinstance(result, torch.Tensor) and out and result is out[0]:
-        return "first"
-    if isinstance(result, (tuple, list)) and len(result) == len(out):
-        if all(r is o for r, o in zip(result, out, strict=True)):
-            return "list" if isinstance(result, list) else "tuple"
-    raise CGCompileError(
-        f"cgcompile.trusted: the forward returns {type(result).__name__} built from the graph's "
-        f"outputs, and Python work after the graph would be skipped; return the graph's "
-        f"outputs (a tensor, or a tuple of them) or call the compiled model"
-    )
 
 
 def trusted(compiled: Any) -> Callable[..., Any]:
