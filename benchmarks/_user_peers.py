@@ -64,6 +64,8 @@ class Peer:
         """A bare replay of the peer's graph for the last size stepped, where it has one."""
         self.cfg: Any = None
         """The model's config (set by `make_peer`)."""
+        self.model: Any = None
+        """The peer's own copy of the model (set by `make_peer`)."""
 
 
 def _warm_up(fn: Callable[[], Any]) -> None:
@@ -192,7 +194,9 @@ def _cgcompile(
     opt_in: str | None,
     compiler: str,
     runtime: str,
-    batch_one: str | None = None,
+    batch_one: str | None,
+    mark: Callable[[torch.Tensor, torch.Tensor, int | None], None],
+    compiled: Any = None,
 ) -> Peer:
     import cgcompile
 
@@ -200,7 +204,8 @@ def _cgcompile(
     options.update(compiler=compiler, graph_runtime=runtime)
     if batch_one is not None:  # "cg/MODE/own": batch 1 compiled on its own, not padded to 2 rows
         options["batch_one"] = batch_one
-    compiled = torch.compile(own_code(model), backend="cudagraph_modes", options=options)
+    if compiled is None:
+        compiled = torch.compile(own_code(model), backend="cudagraph_modes", options=options)
     wrap = {"trusted": cgcompile.trusted, "guarded": cgcompile.guarded}
     target = wrap[opt_in](compiled) if opt_in else compiled
     # the example's tokens are flat ([n]): only the modes with decode-only graphs need the hint
@@ -212,7 +217,7 @@ def _cgcompile(
         n = tokens.shape[0]
         if n not in marked:  # only a call that traces needs marked inputs
             marked.add(n)
-            mark_batch(model.cfg, tokens, positions, hint=max(sizes) if n > 1 else None)
+            mark(tokens, positions, max(sizes) if n > 1 else None)
         if not hinted:
             return target(tokens, positions)
         with cgcompile.batch_hint(uniform_decode=True):
@@ -259,11 +264,25 @@ def make_peer(
     sizes: Sequence[int],
     compiler: str = "inductor",
     graph_runtime: str = "auto",
+    mark: Callable[[torch.Tensor, torch.Tensor, int | None], None] | None = None,
+    share: Peer | None = None,
 ) -> Peer:
     """The peer called `name` (see the module docstring) on its own deep copy of `model`;
     `compiler` for the hand graph and cgcompile's pieces ("eager": the model's own ops);
-    `graph_runtime` for cgcompile ("simulated": a CPU smoke run of the cg peers)."""
-    model = copy.deepcopy(model)
+    `graph_runtime` for cgcompile ("simulated": a CPU smoke run of the cg peers); `mark(tokens,
+    positions, hint)`: how a cg peer marks a tracing call's batch (default: the example's);
+    `share`: the `cg/MODE` peer whose compiled model (copy, graphs) an opt-in peer
+    (`cg/MODE/trusted`, `/guarded`) wraps instead of compiling its own (one compile less)."""
+    model = copy.deepcopy(model) if share is None else share.model
+    if mark is None:
+        mark = lambda t, p, hint: mark_batch(model.cfg, t, p, hint=hint)  # noqa: E731
+    if share is not None:
+        parts = name.split("/")
+        peer = _cgcompile(
+            model, parts[1], sizes, parts[2], compiler, graph_runtime, None, mark, share.compiled
+        )
+        peer.cfg, peer.model = share.cfg, model
+        return peer
     if name == "hand":
         peer = _hand(model, compiler)
     elif name == "hand_pieces":
@@ -278,8 +297,9 @@ def make_peer(
         parts = name.split("/")
         opt_in = next((p for p in ("trusted", "guarded") if p in parts), None)
         batch_one = "own" if "own" in parts else None
-        peer = _cgcompile(model, parts[1], sizes, opt_in, compiler, graph_runtime, batch_one)
+        peer = _cgcompile(model, parts[1], sizes, opt_in, compiler, graph_runtime, batch_one, mark)
     else:
         raise ValueError(f"unknown peer {name!r}")
-    peer.cfg = model.cfg
+    peer.cfg = getattr(model, "cfg", None)
+    peer.model = model
     return peer

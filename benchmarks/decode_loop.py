@@ -5,8 +5,10 @@ one token on the host (`int(tokens[0])`, as stopping criteria do), so the host t
 is not hidden behind the GPU. Peers (`_user_peers`, each on its own model copy and `forward`
 code, Inductor-compiled) are timed in turns in one process, `--rounds` rounds of `--steps`
 steps each, in a rotating order; the median per-token time over rounds is reported with its
-ratio to the hand-captured graph fed the same way. Models: the example Llama with 4 layers of
-hidden 512 and with 16 layers of hidden 1024 (bf16, KV cache written in place), batch 1 and 8.
+ratio to the hand-captured graph fed the same way. Models (`--models LAYERSxHIDDEN`, bf16, KV
+cache written in place) of a `--family` (`_step_models`): the example Llama (default 4x512 and
+16x1024), the KV-rows step with a masked SDPA, a Hugging Face Llama or Qwen3 decode step on a
+static cache per batch size (called through a module that takes tensors only); batch 1 and 8.
 
 Compiles may run beside other benchmark processes; the timed rounds run in this process's turn
 (`_turns`). With other `--models` than the default the results file is named by the first.
@@ -15,6 +17,7 @@ read); `--profile` prints each peer's host ops per step (torch.profiler) after i
 `--hold` keeps the last step's logits bound during the next call (`logits = model(x)`).
 
     python benchmarks/decode_loop.py --out DIR [--models 4x512 16x1024] [--batches 1 8] [--profile]
+    python benchmarks/decode_loop.py --out DIR --family hf-llama --models 16x1024 64x1024
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._step_models import FAMILIES, StepModel, build, rewind  # noqa: E402
 from benchmarks._turns import preparing, timing_turn  # noqa: E402
 from benchmarks._user_peers import Peer, make_peer  # noqa: E402
-from examples.llama import Llama, LlamaConfig, make_inputs  # noqa: E402
 
 PEERS = [
     "hand",
@@ -55,11 +58,9 @@ PIECEWISE_PEERS = [
 ]  # with --piecewise, on the largest model
 
 
-def _model(spec: str) -> Llama:
+def _model(family: str, spec: str) -> StepModel:
     layers, hidden = (int(x) for x in spec.split("x"))
-    heads, ffn = hidden // 64, hidden * 11 // 4
-    cfg = LlamaConfig(num_layers=layers, hidden=hidden, heads=heads, ffn=ffn, vocab=32000)
-    return Llama(cfg).to("cuda", torch.bfloat16).eval()
+    return build(family, layers, hidden, "cuda", torch.bfloat16)
 
 
 HOLD = False
@@ -67,10 +68,11 @@ HOLD = False
 `logits = model(x)` in a loop does; by default it keeps only their argmax."""
 
 
-def loop_us(peer: Peer, cfg: LlamaConfig, n: int, steps: int) -> tuple[float, float]:
+def loop_us(peer: Peer, sm: StepModel, n: int, steps: int) -> tuple[float, float]:
     """Per-token microseconds of `steps` greedy steps from fresh inputs, and of them the host
     time to issue the peer's call (the GPU is idle when it starts: the last token was read)."""
-    tokens, positions = make_inputs(cfg, n, "cuda")
+    tokens, positions = sm.inputs(n)
+    rewind(peer.model)
     torch.cuda.synchronize()
     issue = 0.0
     logits = None
@@ -82,19 +84,19 @@ def loop_us(peer: Peer, cfg: LlamaConfig, n: int, steps: int) -> tuple[float, fl
         logits = peer.step(tokens, positions)
         issue += time.perf_counter() - called
         tokens = logits.argmax(-1)
-        positions = (positions + 1) % cfg.cache_len
+        positions = sm.advance(positions)
         int(tokens[0])  # the host waits for the token
     return (time.perf_counter() - start) / steps * 1e6, issue / steps * 1e6
 
 
-def profile_ops(peer: Peer, cfg: LlamaConfig, n: int, steps: int = 32) -> None:
+def profile_ops(peer: Peer, sm: StepModel, n: int, steps: int = 32) -> None:
     """The ops a peer's steps run on the host (torch.profiler, CPU only): calls per step and
     self CPU time, to tell apart peers whose loops differ."""
     from torch.profiler import ProfilerActivity, profile
 
-    loop_us(peer, cfg, n, 4)
+    loop_us(peer, sm, n, 4)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        loop_us(peer, cfg, n, steps)
+        loop_us(peer, sm, n, steps)
     events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]
     print(f"  {peer.name} batch {n}, per step: calls, self CPU us", flush=True)
     for e in events:
@@ -102,37 +104,57 @@ def profile_ops(peer: Peer, cfg: LlamaConfig, n: int, steps: int = 32) -> None:
 
 
 def run(
-    spec: str, batches: list[int], names: list[str], rounds: int, steps: int, profiled: bool
+    family: str,
+    spec: str,
+    batches: list[int],
+    names: list[str],
+    rounds: int,
+    steps: int,
+    profiled: bool,
+    share: bool = False,
 ) -> list[dict]:
-    base = _model(spec)
-    peers = [make_peer(name, base, sizes=[1, 8]) for name in names]
-    del base
+    sm = _model(family, spec)
+    made: dict[str, Peer] = {}
+    for name in names:
+        base = made.get(name.rsplit("/", 1)[0]) if share else None
+        made[name] = make_peer(name, sm.model, sizes=[1, 8], mark=sm.mark, share=base)
+    peers = list(made.values())
+    sm.model = None
     rows = []
     with torch.no_grad():
         for n in batches:
             preparing()
             for peer in peers:  # compile, capture, warm up
                 for _ in range(3):
-                    loop_us(peer, peer.cfg, n, 4)
+                    loop_us(peer, sm, n, 4)
             times: dict[str, list[tuple[float, float]]] = {p.name: [] for p in peers}
             with timing_turn():
                 for r in range(rounds):
                     for peer in peers[r % len(peers) :] + peers[: r % len(peers)]:
-                        times[peer.name].append(loop_us(peer, peer.cfg, n, steps))
+                        times[peer.name].append(loop_us(peer, sm, n, steps))
                 if profiled:
                     for peer in peers:
-                        profile_ops(peer, peer.cfg, n)
-            rows += _rows(spec, n, times)
+                        profile_ops(peer, sm, n)
+            rows += _rows(family, spec, n, times)
     return rows
 
 
-def _rows(spec: str, n: int, times: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
+def _rows(
+    family: str, spec: str, n: int, times: dict[str, list[tuple[float, float]]]
+) -> list[dict[str, Any]]:
     hand = statistics.median(t for t, _ in times["hand"])
     rows = []
     for name, pairs in times.items():
         values = [t for t, _ in pairs]
         us, issue = statistics.median(values), statistics.median(i for _, i in pairs)
-        row = {"model": spec, "batch": n, "peer": name, "us_per_token": us, "vs_hand": us / hand}
+        row = {
+            "family": family,
+            "model": spec,
+            "batch": n,
+            "peer": name,
+            "us_per_token": us,
+            "vs_hand": us / hand,
+        }
         rows.append({**row, "issue_us": issue, "spread": [min(values), max(values)]})
         print(
             f"{spec:8} batch {n}: {name:30} {us:8.1f} us/token  {us / hand:5.3f}x"
@@ -145,6 +167,7 @@ def _rows(spec: str, n: int, times: dict[str, list[tuple[float, float]]]) -> lis
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("out"))
+    parser.add_argument("--family", choices=FAMILIES, default="llama")
     parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--peers", nargs="+", default=PEERS)
@@ -153,6 +176,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--profile", action="store_true", help="each peer's host ops per step")
     parser.add_argument("--hold", action="store_true", help="keep the last logits bound")
+    parser.add_argument(
+        "--share",
+        action="store_true",
+        help="cg/MODE/trusted and /guarded wrap cg/MODE's compiled model (fewer compiles)",
+    )
     args = parser.parse_args()
     global HOLD
     HOLD = args.hold
@@ -161,7 +189,16 @@ def main() -> None:
         names = list(args.peers)
         if args.piecewise and spec == args.models[-1]:
             names += PIECEWISE_PEERS
-        rows += run(spec, args.batches, names, args.rounds, args.steps, args.profile)
+        rows += run(
+            args.family,
+            spec,
+            args.batches,
+            names,
+            args.rounds,
+            args.steps,
+            args.profile,
+            args.share,
+        )
         torch._dynamo.reset()
     meta = {
         "date": datetime.date.today().isoformat(),
@@ -173,6 +210,8 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     name = "decode-loop" if args.models == DEFAULT_MODELS else f"decode-loop-{args.models[0]}"
+    if args.family != "llama":
+        name += f"-{args.family}"
     name += "-hold.json" if HOLD else ".json"
     (args.out / name).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 

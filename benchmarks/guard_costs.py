@@ -13,9 +13,10 @@ GPU machine's host is noisy in bursts: compare a cell's rounds). Per process: th
 `--calls` calls, each timed alone with the device synchronised before it, of the compiled
 model's call, of its guard check alone (`guard_manager.check` on the call's frame locals) and of
 its `CompiledGraph` called with the arguments Dynamo passes (cgcompile's share, replay
-included). A Hugging Face model is called with keywords, which `guarded` and `trusted` refuse
-(said). Families (`--families`): the example Llama, the KV-rows step, a Hugging Face Llama; tiny
-dims (host time depends on the number of modules and tensors, not on their sizes), eager pieces,
+included). A Hugging Face model is called through `_step_models.HFStep` (tensors in, logits
+out: the decode step a user compiles; called with keywords, `guarded` and `trusted` refuse it).
+Families (`--families`): the example Llama, the KV-rows step, a Hugging Face Llama; tiny dims
+(host time depends on the number of modules and tensors, not on their sizes), eager pieces,
 FULL, batch 8. On the CPU replays are no-ops; `--cuda` replays real graphs.
 
     python benchmarks/guard_costs.py --out OUT [--layers 16 64] [--families llama rows hf] [--cuda]
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cgcompile  # noqa: E402
 import cgcompile.backend.pipeline as pipeline  # noqa: E402
+from benchmarks._step_models import HFStep  # noqa: E402
 from benchmarks._user_peers import tenline_backend  # noqa: E402
 from benchmarks.host_overhead import NullRuntime, _record_call  # noqa: E402
 from cgcompile.restart.portable import frame_scope  # noqa: E402
@@ -85,17 +87,13 @@ def _model(
         vocab_size=256,
         max_position_embeddings=CACHE_LEN,
     )
-    model = transformers.LlamaForCausalLM(config).to(device).eval()
-    # each call writes at the cache's own counter (`cumulative_length`), not at cache_position:
-    # room for every call a process makes (warm-up and two timed medians)
-    cache = transformers.StaticCache(config=config, max_cache_len=CACHE_LEN)
-    ids = torch.randint(1, 256, (8, 1), device=device)
-    step = {"input_ids": ids, "position_ids": torch.full((8, 1), 3, device=device)}
-    step |= {"cache_position": torch.tensor([3], device=device), "use_cache": True}
-    step["past_key_values"] = cache
-    with torch.no_grad():
-        model(**step)  # the cache made by an eager call, as generate()'s prefill does
-    return model, lambda fn: fn(**step)
+    torch.manual_seed(0)
+    # called as a user's compiled decode step: tensors in, logits out, a `StaticCache` with room
+    # for every call a process makes (each writes at the cache's own counter)
+    model = HFStep(transformers.LlamaForCausalLM(config).to(device).eval(), (8,), CACHE_LEN)
+    tokens = torch.randint(1, 256, (8,), device=device)
+    positions = torch.full((8,), 3, device=device)
+    return model, lambda fn: fn(tokens, positions)
 
 
 def _kind(entry: Any) -> str:

@@ -51,8 +51,10 @@ class Binding:
     `.to(...)`), calls go through the compiled model, whose check drops the moved graphs."""
     returns: str | None = None
     """How the forward's return is made from the graph's outputs: 'first', 'tuple', 'list'."""
+    entry: Any = None
     guards: Any = None
-    """`guarded`: the guard manager of the Dynamo cache entry that runs `graph`."""
+    """`guarded`: the Dynamo cache entry that runs `graph` and its guard tree, less the module
+    tensors' guards (`without_module_tensors`)."""
 
     def is_current(self) -> bool:
         """Whether the model is as bound, as far as an O(1) check sees (the per-call check)."""
@@ -119,3 +121,21 @@ def returns_of(result: Any, out: list[Any]) -> str | None:
         f"outputs, and Python work after the graph would be skipped; return the graph's "
         f"outputs (a tensor, or a tuple of them) or call the compiled model"
     )
+
+
+_MODULE_TENSOR = re.compile(r"\._(parameters|buffers)\[[^\]]*\]$")
+"""A guard tree node that is a module's parameter or buffer: `...._parameters['weight']`."""
+
+
+def without_module_tensors(guard_manager: Any) -> Any:
+    """A copy of a cache entry's guard tree without the subtrees of module parameters and
+    buffers (each tensor's dtype, device, sizes, strides; most of a deep model's guards), which
+    the per-call instance check covers in O(1): a tensor assigned to any module, or the old
+    storage of one freed (`.half()`, `.to()`, `p.data = t`), is a parameter event, and the
+    graph's representatives must be at their addresses. Every other guard is kept (module
+    attributes, types and dict keys, globals, global state, the inputs). The whole tree where
+    torch has no `clone_manager` (it came with the diff guards of recompiles)."""
+    root = guard_manager.root
+    if not hasattr(root, "clone_manager"):
+        return guard_manager
+    return root.clone_manager(lambda node: not _MODULE_TENSOR.search(node.get_source()))

@@ -66,6 +66,7 @@ from cgcompile.calls.frame_binding import (
     hooked,
     returns_of,
     source_value,
+    without_module_tensors,
 )
 from cgcompile.calls.instances import EVENTS
 from cgcompile.errors import CGCompileError
@@ -204,8 +205,8 @@ class TrustedCall:
         binding.returns = returns_of(result, out)
         if key is None:  # Dynamo now runs the dynamic graph for this size (e.g. automatic
             self._bindings.pop(args[binding.batch_arg].shape[0], None)  # dynamic after a trace)
-        if self.check_guards:
-            binding.guards = entry.guard_manager
+        if self.check_guards and (binding.guards is None or binding.entry is not entry):
+            binding.entry, binding.guards = entry, without_module_tensors(entry.guard_manager)
 
     def _check_one_frame(self, graph: CompiledGraph) -> Any:
         """The cache entry of the forward itself whose only graph is `graph`; raise if there is

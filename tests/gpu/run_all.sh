@@ -87,6 +87,23 @@ run host64 host-per-call-64.log python benchmarks/host_per_call.py --out "$out/h
 run guards guard-costs.log python benchmarks/guard_costs.py --out "$out/guards" --cuda --rounds 2 \
   --variants default tenline
 run loop decode-loop.log python benchmarks/decode_loop.py --out "$out" --piecewise
+# not in the default stages: the decode loop on the three model families at 16 and 64 layers
+# (STAGES=loop3): a process per family and depth (LOOP3_CELLS picks some), compiles side by side,
+# timed phases in turns (benchmarks/_turns.py); the opt-ins wrap the default peer's compiled
+# model (--share)
+case " $stages " in *" loop3 "*)
+  export CGBENCH_TURNS="${CGBENCH_TURNS:-$(mktemp -d)}"
+  pids=()
+  for cell in ${LOOP3_CELLS:-llama:16x1024 rows:16x1024 hf-llama:16x1024 llama:64x1024 \
+      rows:64x1024 hf-llama:64x1024}; do
+    family=${cell%%:*} model=${cell#*:}
+    run loop3 "decode-loop-$family-$model.log" timeout "${LOOP3_TIMEOUT:-540}" \
+      python benchmarks/decode_loop.py --out "$out/loop3" --family "$family" --models "$model" \
+      --peers hand reduce-overhead cg/FULL cg/FULL/guarded cg/FULL/trusted --share \
+      --rounds "${LOOP3_ROUNDS:-6}" --steps 32 & pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done ;;
+esac
 run quickstart quickstart.log python examples/quickstart.py
 run bench benchmark.log python benchmarks/decode.py --out "$out" "$@"
 run hf hf-generate.log python benchmarks/hf_generate.py --out "$out"

@@ -84,6 +84,10 @@ def _swap_data(model: Adapted) -> None:
     model.a.weight.data = torch.randn(8, 8)  # the first parameter: a representative
 
 
+def _swap_data_of_another(model: Adapted) -> None:
+    model.a.bias.data = torch.randn(8)  # not a representative: its old storage is freed
+
+
 CHANGES = [
     _replace_parameter,
     _load_with_assign,
@@ -94,6 +98,7 @@ CHANGES = [
     _global_flag,
     _move_dtype,
     _swap_data,
+    _swap_data_of_another,
 ]
 
 
