@@ -70,37 +70,44 @@ class Family:
 
 
 def build(
-    name: str, device: str, dtype: torch.dtype, quick: bool = False, quick_layers: int = 2
+    name: str,
+    device: str,
+    dtype: torch.dtype,
+    quick: bool = False,
+    quick_layers: int = 2,
+    unbacked: bool = False,
 ) -> Family:
-    """The family `name`; `quick`: a tiny CPU build (`quick_layers` layers of the Llama)."""
+    """The family `name`; `quick`: a tiny CPU build (`quick_layers` layers of the Llama);
+    `unbacked`: the batch marked unbacked (one trace for every size, batch 1 included; the
+    Hugging Face families are not marked)."""
     if name == "llama":
-        return _llama(device, dtype, quick, quick_layers)
+        return _llama(device, dtype, quick, quick_layers, unbacked)
     if name == "rows":
-        return _rows(device, dtype, quick)
+        return _rows(device, dtype, quick, unbacked)
     if name.startswith("hf-"):
         return _hf(name, device, dtype, quick)
     raise ValueError(f"unknown family {name!r}; one of {NAMES}")
 
 
-def _llama(device: str, dtype: torch.dtype, quick: bool, layers: int) -> Family:
+def _llama(device: str, dtype: torch.dtype, quick: bool, layers: int, unbacked: bool) -> Family:
     cfg = LlamaConfig(num_layers=layers, cache_len=600) if quick else LlamaConfig.bench()
     seeds = iter(range(10**9))
 
     def inputs(n: int) -> Inputs:
         tokens, positions = make_inputs(cfg, n, device, torch.Generator().manual_seed(next(seeds)))
-        mark_batch(cfg, tokens, positions, hint=512)
+        mark_batch(cfg, tokens, positions, hint=512, unbacked=unbacked)
         return (tokens, positions), {}
 
     return Family("llama", Llama(cfg).to(device, dtype).eval(), inputs)
 
 
-def _rows(device: str, dtype: torch.dtype, quick: bool) -> Family:
+def _rows(device: str, dtype: torch.dtype, quick: bool, unbacked: bool) -> Family:
     cfg = RowsConfig(rows=512) if quick else RowsConfig.bench()  # rows >= the size hint
     seeds = iter(range(10**9))
 
     def inputs(n: int) -> Inputs:
         tokens, pos = rows_inputs(cfg, n, device, next(seeds))
-        cgcompile.mark_dynamic_batch(tokens, pos, hint=512)
+        cgcompile.mark_dynamic_batch(tokens, pos, hint=512, unbacked=unbacked)
         return (tokens, pos), {}
 
     return Family("rows", RowsLlama(cfg).to(device, dtype).eval(), inputs)

@@ -80,7 +80,7 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
     if args.load:
         result["load_s"] = timed_call(lambda: cgcompile.load_compile_cache(args.load), device)[1]
     torch.manual_seed(0)
-    family = build(args.family, device.type, dtype, args.quick, args.quick_layers)
+    family = build(args.family, device.type, dtype, args.quick, args.quick_layers, args.unbacked)
     model = family.model
     options: dict[str, Any] = {"graph_runtime": "simulated"} if args.quick else {}
     options |= json.loads(args.options)
@@ -249,6 +249,9 @@ def main() -> None:
     parser.add_argument("--options", default="{}", help="extra cgcompile options, as JSON")
     parser.add_argument("--family", choices=NAMES, default="llama", help="the model family")
     parser.add_argument(
+        "--unbacked", action="store_true", help="mark the batch unbacked (one Dynamo trace)"
+    )
+    parser.add_argument(
         "--profile-first",
         metavar="DIR",
         help="cProfile each phase's precompile (or load), first call and capture_all into DIR",
@@ -345,6 +348,7 @@ def _run(
     cmd = [sys.executable, __file__, "--phase", name, "--soak", str(args.soak), *extra]
     cmd += ["--quick", "--quick-layers", str(args.quick_layers)] if args.quick else []
     cmd += ["--no-cudnn-sdp"] if args.no_cudnn_sdp else []
+    cmd += ["--unbacked"] if args.unbacked else []
     cmd += ["--options", args.options, "--family", args.family]
     if args.profile_first:
         Path(args.profile_first).mkdir(parents=True, exist_ok=True)

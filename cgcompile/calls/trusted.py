@@ -22,11 +22,15 @@ parameter's old storage freed: `p.data = t` on any, `model.half()`, `.to(dtype o
 the graph's two representative parameters at the addresses they had.
 
 `guarded` also runs, per call, the guard check of the Dynamo cache entry that holds the bound
-graph (`guard_manager.check` on the call's frame locals: the module attributes the forward read,
-globals, global state, every input's dtype, device and sizes, the parameters and buffers), and
-goes through the compiled model when the top-level module or the compiled wrapper has hooks: it
-checks what the default call checks, without the bytecode that gathers the parameters (the
-part that grows with depth; `benchmarks/guard_costs.py`). `trusted` checks nothing more (the
+graph on the call's frame locals (the module attributes, types and methods the forward read,
+globals, global state, every input's dtype, device and sizes), less the guards on module
+parameters and buffers, which the O(1) check above covers (`without_module_tensors`: half the
+check at 16 layers), and goes through the compiled model when the top-level module or the
+compiled wrapper has hooks: it checks what the default call checks, without the bytecode that
+gathers the parameters (`benchmarks/guard_costs.py`), except a parameter's `.data` swapped for
+one of another dtype, device or shape while the old data is held elsewhere. Its check still
+grows with depth: the guards on each module's type, instance attributes and methods, which no
+event reports. `trusted` checks nothing more (the
 promise): not `p.data = t` while the old data is held elsewhere, writes that bypass the module
 (`module._parameters[name] = t`), the model's Python attributes and hooks, global flags, tensor
 arguments' devices and non-batch sizes. Both refuse, with one WARNING, and then always call the

@@ -1,6 +1,6 @@
 """The per-call path on real CUDA graphs: prebuilt steady-state calls with padded rows refilled
 only where needed, decode steps recognised from a [batch, 1] token input, and
-`cgcompile.trusted` replaying without Dynamo, each against eager."""
+`cgcompile.trusted` and `cgcompile.guarded` replaying without Dynamo, each against eager."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tests.support.state import compile_model
 
 pytestmark = pytest.mark.cuda
 SIZES = [4, 4, 4, 2, 4, 8, 3, 8, 3, 1, 4]
+OPT_INS = {"compiled": lambda c: c, "trusted": cgcompile.trusted, "guarded": cgcompile.guarded}
 
 
 def _llama() -> tuple[Llama, Llama]:
@@ -23,12 +24,12 @@ def _llama() -> tuple[Llama, Llama]:
     return model, copy.deepcopy(model)
 
 
-@pytest.mark.parametrize("trusted", [False, True], ids=["compiled", "trusted"])
+@pytest.mark.parametrize("opt_in", OPT_INS)
 @pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE", "PIECEWISE"])
-def test_decode_steps_equal_eager_cuda(mode, trusted):
+def test_decode_steps_equal_eager_cuda(mode, opt_in):
     model, eager = _llama()
     compiled = compile_model(model, mode, "inductor", "cuda")
-    call = cgcompile.trusted(compiled) if trusted else compiled
+    call = OPT_INS[opt_in](compiled)
     with torch.no_grad(), cgcompile.batch_hint(uniform_decode=mode != "PIECEWISE"):
         for n in SIZES + SIZES[::-1]:
             tokens, positions = make_inputs(model.cfg, n, "cuda")
@@ -36,7 +37,7 @@ def test_decode_steps_equal_eager_cuda(mode, trusted):
             got = call(tokens, positions)
             torch.testing.assert_close(got, eager(tokens, positions), rtol=1e-3, atol=1e-3)
     assert cgcompile.counters.num_cudagraph_captured > 0
-    if trusted:
+    if opt_in != "compiled":
         assert call.refused is None
 
 
@@ -63,13 +64,13 @@ def test_decode_steps_recognised_from_the_shape_cuda():
     assert "4u4" in full  # the decode steps replayed full graphs, with no hint
 
 
-@pytest.mark.parametrize("trusted", [False, True], ids=["compiled", "trusted"])
-def test_a_middle_parameters_swapped_data_is_read_after_the_swap_cuda(trusted):
+@pytest.mark.parametrize("opt_in", OPT_INS)
+def test_a_middle_parameters_swapped_data_is_read_after_the_swap_cuda(opt_in):
     """Real graphs bake in addresses: after `p.data = t` on a parameter that is neither the
     first nor the last, the next calls must read `t` (its old storage freed is an event)."""
     model, eager = _llama()
     compiled = compile_model(model, "FULL", "inductor", "cuda")
-    call = cgcompile.trusted(compiled) if trusted else compiled
+    call = OPT_INS[opt_in](compiled)
     name = [n for n, _ in model.named_parameters()][len(list(model.parameters())) // 2]
     with torch.no_grad(), cgcompile.batch_hint(uniform_decode=True):
         for swap in (False, False, True, False, False):
