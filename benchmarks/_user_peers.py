@@ -66,6 +66,8 @@ class Peer:
         """The model's config (set by `make_peer`)."""
         self.model: Any = None
         """The peer's own copy of the model (set by `make_peer`)."""
+        self.fast: Any = None
+        """`cg/MODE/trusted` and `/guarded`: what `cgcompile.trusted` or `guarded` returned."""
 
 
 def _warm_up(fn: Callable[[], Any]) -> None:
@@ -224,7 +226,9 @@ def _cgcompile(
             return target(tokens, positions)
 
     name = f"cg/{mode}" + ("/own" if batch_one else "") + (f"/{opt_in}" if opt_in else "")
-    return Peer(name, step, compiled)
+    peer = Peer(name, step, compiled)
+    peer.fast = target if opt_in else None
+    return peer
 
 
 def _precompiled(

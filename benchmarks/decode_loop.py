@@ -128,6 +128,7 @@ def run(
                 for _ in range(3):
                     loop_us(peer, sm, n, 4)
             times: dict[str, list[tuple[float, float]]] = {p.name: [] for p in peers}
+            through = {p.name: p.fast.calls_through_dynamo for p in peers if p.fast is not None}
             with timing_turn():
                 for r in range(rounds):
                     for peer in peers[r % len(peers) :] + peers[: r % len(peers)]:
@@ -136,7 +137,33 @@ def run(
                     for peer in peers:
                         profile_ops(peer, sm, n)
             rows += _rows(family, spec, n, times)
+            for row in rows[-len(peers) :]:  # an opt-in's timed calls that went through Dynamo
+                fast = made[row["peer"]].fast
+                if fast is not None:
+                    row["through_dynamo"] = fast.calls_through_dynamo - through[row["peer"]]
+                    row["why_through"] = _why_through(fast, sm, n)
+                    print(
+                        f"  {row['peer']}: {row['through_dynamo']} calls through Dynamo"
+                        f"{'; ' + row['why_through'] if row['why_through'] else ''}"
+                    )
     return rows
+
+
+def _why_through(fast: Any, sm: StepModel, n: int) -> str | None:
+    """Why a `guarded` call of n rows fails its bound entry's guards (None: it passes, or the
+    peer is `trusted`): the first failing guard of the pruned tree, then of the whole one."""
+    from cgcompile.calls.frame_binding import hooked
+
+    if hooked(fast.compiled):
+        return "module hooks"
+    binding = fast._bindings.get(n) or fast._bindings.get(None)
+    if binding is None or binding.guards is None:
+        return None if binding is not None else "not bound"
+    frame = {**fast._locals, **dict(zip(fast._params, sm.inputs(n), strict=True))}
+    for name, manager in (("pruned", binding.guards), ("whole", binding.entry.guard_manager)):
+        if not manager.check(frame):
+            return f"{name}: {manager.check_verbose(frame).verbose_code_parts}"[:400]
+    return None
 
 
 def _rows(
