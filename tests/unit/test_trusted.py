@@ -4,6 +4,7 @@ compiled from the same class, and replays them only while the model is as it was
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 
 import pytest
@@ -257,3 +258,43 @@ def _warm_guarded():
     fast = cgcompile.guarded(compile_model(model, "FULL"))
     _replays_without_dynamo(fast, model)
     return fast, model, eager
+
+
+def _tensor_guards(manager) -> int:
+    """The TENSOR_MATCH guards of a guard tree (a dict manager's keys and values included)."""
+    count = sum(type(g).__name__ == "TENSOR_MATCH" for g in manager.get_leaf_guards())
+    children = list(manager.get_child_managers())
+    if hasattr(manager, "get_key_value_managers"):
+        children += [m for pair in manager.get_key_value_managers().values() for m in pair if m]
+    return count + sum(_tensor_guards(child) for child in children)
+
+
+@pytest.mark.skipif(
+    not hasattr(torch._C._dynamo.guards.RootGuardManager, "clone_manager"),
+    reason="torch has no guard tree cloning: guarded checks the whole tree",
+)
+def test_guarded_checks_as_many_tensors_at_any_depth():
+    """The per-call guard check of `guarded` leaves the parameters and buffers to the O(1)
+    instance check: it inspects the inputs only, whatever the depth; Dynamo's whole tree
+    inspects every parameter and buffer."""
+    from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
+
+    counts = []
+    for layers in (2, 8):
+        torch.manual_seed(0)
+        cfg = dataclasses.replace(LlamaConfig.tiny(), num_layers=layers)
+        model = Llama(cfg).eval()
+        fast = cgcompile.guarded(compile_model(model, "FULL"))
+        with torch.no_grad():
+            for _ in range(4):
+                tokens, positions = make_inputs(cfg, 4, "cpu")
+                mark_batch(cfg, tokens, positions)
+                fast(tokens, positions)
+            through = fast.calls_through_dynamo
+            fast(*make_inputs(cfg, 4, "cpu"))
+        assert fast.refused is None and fast.calls_through_dynamo == through  # bound
+        (binding,) = [b for b in fast._bindings.values() if b.guards is not None]
+        tensors = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
+        whole = _tensor_guards(binding.entry.guard_manager.root)
+        counts.append((_tensor_guards(binding.guards), whole - tensors))
+    assert counts == [(2, 2), (2, 2)]  # tokens and positions; the whole tree: every tensor too
