@@ -30,14 +30,13 @@ compiled wrapper has hooks: it checks what the default call checks, without the 
 gathers the parameters (`benchmarks/guard_costs.py`), except a parameter's `.data` swapped for
 one of another dtype, device or shape while the old data is held elsewhere. Its check still
 grows with depth: the guards on each module's type, instance attributes and methods, which no
-event reports. `trusted` checks nothing more (the
-promise): not `p.data = t` while the old data is held elsewhere, writes that bypass the module
-(`module._parameters[name] = t`), the model's Python attributes and hooks, global flags, tensor
-arguments' devices and non-batch sizes. Both refuse, with one WARNING, and then always call the
-compiled model: a forward with graph breaks or non-batch int inputs, keyword arguments, one that
-returns anything but a graph output or a tuple or list of them (Python work after the graph
-would be skipped, e.g. a Hugging Face `ModelOutput`), and a call that ran no graph of
-backend='cudagraph_modes'.
+event reports. `trusted` checks nothing more (the promise): not `p.data = t` while the old data
+is held elsewhere, writes that bypass the module (`module._parameters[name] = t`), the model's
+Python attributes and hooks, global flags, tensor arguments' devices and non-batch sizes. Both
+refuse, with one WARNING, and then always call the compiled model: a forward with graph breaks
+or non-batch int inputs, keyword arguments, one that returns anything but a graph output or a
+tuple or list of them (Python work after the graph would be skipped, e.g. a Hugging Face
+`ModelOutput`), and a call that ran no graph of backend='cudagraph_modes'.
 
 Why the default call does not do this itself (torch 2.9-2.14; issue 41): a backend can neither
 change the code Dynamo runs before its graph nor filter its guards (`torch.compile` pops
