@@ -88,9 +88,9 @@ run guards guard-costs.log python benchmarks/guard_costs.py --out "$out/guards" 
   --variants default tenline
 run loop decode-loop.log python benchmarks/decode_loop.py --out "$out" --piecewise
 # not in the default stages: the decode loop on the three model families at 16 and 64 layers
-# (STAGES=loop3): a process per family and depth (LOOP3_CELLS picks some), compiles side by side,
-# timed phases in turns (benchmarks/_turns.py); the opt-ins wrap the default peer's compiled
-# model (--share)
+# (STAGES=loop3): a process per family and depth, compiles side by side, timed phases in turns
+# (benchmarks/_turns.py); the opt-ins wrap the default peer's compiled model (--share). Five
+# cells took 9.7 min on an H100; LOOP3_CELLS="hf-llama:64x1024" runs the sixth in a call of its own
 case " $stages " in *" loop3 "*)
   export CGBENCH_TURNS="${CGBENCH_TURNS:-$(mktemp -d)}"
   pids=()
