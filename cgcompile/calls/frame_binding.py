@@ -123,18 +123,20 @@ def returns_of(result: Any, out: list[Any]) -> str | None:
     )
 
 
-_MODULE_TENSOR = re.compile(r"\._(parameters|buffers)\[[^\]]*\]$")
-"""A guard tree node that is a module's parameter or buffer: `...._parameters['weight']`."""
+_MODULE_TENSOR = re.compile(r"\._(parameters|buffers)(\[[^\]]*\])?$")
+"""A guard tree node that is a module's parameter or buffer dict, or one of their entries:
+`..._parameters`, `..._parameters['weight']`."""
 
 
 def without_module_tensors(guard_manager: Any) -> Any:
     """A copy of a cache entry's guard tree without the subtrees of module parameters and
-    buffers (each tensor's dtype, device, sizes, strides; most of a deep model's guards), which
-    the per-call instance check covers in O(1): a tensor assigned to any module, or the old
-    storage of one freed (`.half()`, `.to()`, `p.data = t`), is a parameter event, and the
-    graph's representatives must be at their addresses. Every other guard is kept (module
-    attributes, types and dict keys, globals, global state, the inputs). The whole tree where
-    torch has no `clone_manager` (it came with the diff guards of recompiles)."""
+    buffers (each tensor's dtype, device, sizes, strides, a None entry, the dicts' types;
+    most of a deep model's guards), which the per-call instance check covers in O(1): a
+    tensor assigned to any module, or the old storage of one freed (`.half()`, `.to()`,
+    `p.data = t`), is a parameter event, and the graph's representatives must be at their
+    addresses. Every other guard is kept (module attributes, types and dict keys, globals,
+    global state, the inputs). The whole tree where torch has no `clone_manager` (it came
+    with the diff guards of recompiles)."""
     root = guard_manager.root
     if not hasattr(root, "clone_manager"):
         return guard_manager

@@ -24,8 +24,8 @@ the graph's two representative parameters at the addresses they had.
 `guarded` also runs, per call, the guard check of the Dynamo cache entry that holds the bound
 graph on the call's frame locals (the module attributes, types and methods the forward read,
 globals, global state, every input's dtype, device and sizes), less the guards on module
-parameters and buffers, which the O(1) check above covers (`without_module_tensors`: half the
-check at 16 layers), and goes through the compiled model when the top-level module or the
+parameters and buffers, which the O(1) check above covers (`without_module_tensors`: two thirds
+of the check at 16 layers), and goes through the compiled model when the top-level module or the
 compiled wrapper has hooks: it checks what the default call checks, without the bytecode that
 gathers the parameters (`benchmarks/guard_costs.py`), except a parameter's `.data` swapped for
 one of another dtype, device or shape while the old data is held elsewhere. Its check still
