@@ -209,6 +209,9 @@ def main() -> None:
         help="cg/MODE/trusted and /guarded wrap cg/MODE's compiled model (fewer compiles)",
     )
     args = parser.parse_args()
+    llama_only = [p for p in args.peers if p == "hand_pieces" or p.endswith("/precompiled")]
+    if args.family != "llama" and (args.piecewise or llama_only):
+        parser.error("--piecewise, hand_pieces and */precompiled know the example Llama only")
     global HOLD
     HOLD = args.hold
     rows = []
