@@ -10,20 +10,21 @@ freed (the model was deleted), the slot is dropped, `on_drop(slot)` frees its gr
 later instance reuses the number. Per slot it also keeps the addresses of the inputs the graph
 writes in place and the example call `capture_all` records with.
 
-The check costs O(1) per call in the steady state, whatever the model's size: two
-representative tensors, the first and the last parameter among the static inputs (buffers, such
-as rotary tables, are often shared by the instances of a layer), name the slot by their identity
-and must be at the addresses they had, and the identity and address of all static tensors are
-compared again only after a *parameter event*, counted process-wide (`EVENTS`): a parameter,
-buffer or submodule assigned to any module (torch's registration hooks: `module.weight = p`,
-`load_state_dict(assign=True)`), a static tensor of a slot freed, or the storage one had at the
-last full check freed (`p.data = t`, `model.half()`, `.to(...)` drop the old data); or after a
-representative moved. A slot whose tensors moved keeps its number and loses its graphs
-(`on_drop`): they read the old addresses. Not seen: writes that bypass the module
-(`module._parameters[name] = t`, as `torch.func.functional_call` does), `p.data = t` on a
-non-representative while the old data is held elsewhere (graphs read the old, valid memory),
-and two instances of one class sharing both representatives but not every parameter, when
-neither was built after the other's first call (building registers parameters: an event).
+The check costs O(1) per call in the steady state, whatever the model's size: two representative
+tensors, the first and the last parameter among the static inputs (buffers, such as rotary
+tables, are often shared by the instances of a layer), name the slot by their identity and must
+be at the addresses they had, and the identity and address of all static tensors are compared
+again only after a *parameter event*, counted process-wide (`EVENTS`): a parameter, buffer or
+submodule assigned to any module (torch's registration hooks: `module.weight = p`,
+`load_state_dict(assign=True)`; not the new container a slice `layers[:n]` builds), a static
+tensor of a slot freed, or the storage one had at the last full check freed (`p.data = t`,
+`model.half()`, `.to(...)` drop the old data); or after a representative moved. A slot whose
+tensors moved keeps its number and loses its graphs (`on_drop`): they read the old addresses.
+Not seen: writes that bypass the module (`module._parameters[name] = t`, as
+`torch.func.functional_call` does), `p.data = t` on a non-representative while the old data is
+held elsewhere (graphs read the old, valid memory), and two instances of one class sharing both
+representatives but not every parameter, when neither was built after the other's first call
+(building registers parameters: an event).
 
     slots = InstanceSlots(plan.static_tensors, plan.in_place, on_drop=forget, borrow=borrow)
     slot = slots.slot_of(args)          # None: more live instances than MAX_INSTANCES
@@ -34,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -63,10 +65,30 @@ class ParameterEvents:
         # call. A traced registration makes a temporary module of existing parameters: no event.
         if torch.compiler.is_compiling():
             return
+        # The same slice in an eager forward builds a new container of existing modules, which
+        # no model holds until it is assigned to one (that assignment is an event).
+        if isinstance(value, torch.nn.Module) and _building_a_slice():
+            return
         self.count += 1
 
     def bump(self) -> None:
         self.count += 1
+
+
+_SLICES = frozenset(c.__getitem__.__code__ for c in (torch.nn.ModuleList, torch.nn.Sequential))
+
+
+def _building_a_slice() -> bool:
+    """Whether a module registration comes from `ModuleList` or `Sequential` building the
+    container a slice returns (`layers[:n]`): at most six frames above the hook."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code in _SLICES:
+            return True
+        frame = frame.f_back
+    return False
 
 
 EVENTS = ParameterEvents()

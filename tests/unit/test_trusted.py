@@ -298,3 +298,34 @@ def test_guarded_checks_as_many_tensors_at_any_depth():
         whole = _tensor_guards(binding.entry.guard_manager.root)
         counts.append((_tensor_guards(binding.guards), whole - tensors))
     assert counts == [(2, 2), (2, 2)]  # tokens and positions; the whole tree: every tensor too
+
+
+class _Sliced(nn.Module):
+    """A forward that slices its layers, as Hugging Face's do (`self.layers[: n]`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[: len(self.layers)]:
+            x = torch.relu(layer(x))
+        return x
+
+
+@pytest.mark.parametrize("wrap", [cgcompile.trusted, cgcompile.guarded], ids=["trusted", "guarded"])
+def test_an_eager_forward_that_slices_its_layers_leaves_the_binding(wrap):
+    """An eager call of such a forward builds a new container of existing layers: no event, so
+    calls after it still replay; assigning a slice to the model is one."""
+    torch.manual_seed(0)
+    model = _Sliced().eval()
+    fast = wrap(compile_model(model, "FULL"))
+    _replays_without_dynamo(fast, model)
+    through = fast.calls_through_dynamo
+    with torch.no_grad():
+        model(torch.randn(4, 4))  # eager, beside the compiled calls
+    _steps(fast, model)
+    assert fast.calls_through_dynamo == through
+    model.layers = model.layers[:2]
+    _steps(fast, model)  # equal to eager with two layers
+    assert fast.calls_through_dynamo > through
