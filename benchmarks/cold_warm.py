@@ -24,7 +24,7 @@ count, then graph memory, each graph's report line (compile parts, compile-cache
 misses), step times at 1, 8, 32 and 128 tokens (decode batches, CUDA events, median of 20), and
 a soak of `--soak` calls of random sizes and kinds after `capture_all`: graphs captured and
 graph memory grown during it (both should be 0), and the allocator's reserved growth (the
-benchmark's own inputs included).
+benchmark's own inputs included); Dynamo's traces and its graph breaks by reason.
 
     python benchmarks/cold_warm.py --out DIR [--soak 2000]
     python benchmarks/cold_warm.py --out DIR --phases cold --no-cudnn-sdp   # one phase, no cuDNN
@@ -133,6 +133,8 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
         result["step_ms"] = {n: _step_ms(call, n, device) for n in STEP_SIZES if n in sizes}
         result.update(_soak(call, args.soak, device, family.sizes))
         result["dynamo_traces"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        breaks = torch._dynamo.utils.counters["graph_break"]  # reason -> count
+        result["graph_breaks"] = {reason[:200]: n for reason, n in breaks.items()}
     if args.save and options.get("compiler", "inductor") == "inductor":  # eager: nothing to save
         cgcompile.save_compile_cache(args.save)
     return result
@@ -395,6 +397,9 @@ def _line(row: dict[str, Any]) -> str:
         f"+{row['soak_graph_memory_grown_mib']:.0f} MiB, reserved "
         f"+{row['soak_memory_grown_mib']:.0f} MiB; "
         f"Dynamo traces {row['dynamo_traces']}; process {row['process_s']:.1f}s\n    "
+        + "".join(
+            f"graph break x{n}: {why}\n    " for why, n in row.get("graph_breaks", {}).items()
+        )
         + "\n    ".join(row["reports"])
         + "\n    torch's compile phases (s): "
         + ", ".join(row["compile_phases"])
