@@ -134,7 +134,7 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
         result.update(_soak(call, args.soak, device, family.sizes))
         result["dynamo_traces"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         breaks = torch._dynamo.utils.counters["graph_break"]  # reason -> count
-        result["graph_breaks"] = {reason[:200]: n for reason, n in breaks.items()}
+        result["graph_breaks"] = {" ".join(why.split())[:240]: n for why, n in breaks.items()}
     if args.save and options.get("compiler", "inductor") == "inductor":  # eager: nothing to save
         cgcompile.save_compile_cache(args.save)
     return result
