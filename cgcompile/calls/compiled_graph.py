@@ -56,9 +56,10 @@ from cgcompile.calls.forward_context import (
 )
 from cgcompile.calls.input_buffers import InputBuffers
 from cgcompile.calls.input_plan import InputPlan
-from cgcompile.calls.instances import EVENTS, InstanceSlots, weak_method
+from cgcompile.calls.instances import InstanceSlots, weak_method
 from cgcompile.calls.outputs import Outputs
 from cgcompile.calls.ownership import ThreadOwner
+from cgcompile.calls.parameter_events import EVENTS
 from cgcompile.calls.ready import ReadyCall, ready_call
 from cgcompile.calls.report import GraphReport, live_report
 from cgcompile.calls.variants import SizeVariants

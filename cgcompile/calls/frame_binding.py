@@ -17,7 +17,7 @@ import torch
 from torch.nn.modules import module as _module
 
 from cgcompile.calls.compiled_graph import CompiledGraph
-from cgcompile.calls.instances import EVENTS
+from cgcompile.calls.parameter_events import EVENTS
 from cgcompile.errors import CGCompileError
 
 SIZE = re.compile(r"^L\['(\w+)'\]\.size\(\)\[(\d+)\]$")

@@ -12,14 +12,14 @@ never another compile's (every compile of a class, of any backend, shares the fo
 object and so Dynamo's cache).
 
 What both check per call, falling back to the compiled model (which recompiles, or recaptures,
-if need be, and runs a call from a thread that does not own the graphs eagerly): the thread,
-no forward context set by the caller (manual mode: its mode and descriptor decide), positional
-arguments only, as many as at binding; each tensor argument's dtype and
-rank; grad mode; and, in O(1) whatever the model's size, what the compiled model's own instance
-check sees (`instances`): no parameter event since binding (a parameter, buffer or submodule
-assigned to any module: `model.w = nn.Parameter(...)`, `load_state_dict(assign=True)`; a
-parameter's old storage freed: `p.data = t` on any, `model.half()`, `.to(dtype or device)`) and
-the graph's two representative parameters at the addresses they had.
+if need be, and runs a call from a thread that does not own the graphs eagerly): the thread, no
+forward context set by the caller (manual mode: its mode and descriptor decide), positional
+arguments only, as many as at binding; each tensor argument's dtype and rank; grad mode; and, in
+O(1) whatever the model's size, what the compiled model's own instance check sees (`instances`):
+no parameter event since binding (a parameter, buffer or submodule assigned to any module:
+`model.w = nn.Parameter(...)`, `load_state_dict(assign=True)`; a parameter's old storage freed:
+`p.data = t` on any, `model.half()`, `.to(dtype or device)`) and the graph's two representative
+parameters at the addresses they had.
 
 `guarded` also runs, per call, the guard check of the Dynamo cache entry that holds the bound
 graph on the call's frame locals (the module attributes, types and methods the forward read,
@@ -71,7 +71,7 @@ from cgcompile.calls.frame_binding import (
     source_value,
     without_module_tensors,
 )
-from cgcompile.calls.instances import EVENTS
+from cgcompile.calls.parameter_events import EVENTS
 from cgcompile.errors import CGCompileError
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from torch import nn
 
 import cgcompile
 from cgcompile.calls import input_buffers
-from cgcompile.calls.instances import EVENTS
+from cgcompile.calls.parameter_events import EVENTS
 from examples.llama import Llama, LlamaConfig, _read_slots, make_inputs, mark_batch
 from tests.support.state import compile_model, row_attention
 
