@@ -31,6 +31,7 @@ benchmark's own inputs included); Dynamo's traces and its graph breaks by reason
     python benchmarks/cold_warm.py --out DIR --quick      # tiny model on CPU, simulated graphs
                                                           # (--quick-layers 16: a deeper one)
     python benchmarks/cold_warm.py --out DIR --family rows   # another model family (_families)
+    python benchmarks/cold_warm.py --out DIR --family hf-llama --marked   # HF, the batch marked
     python benchmarks/cold_warm.py --out DIR --phases cold --profile-first DIR  # pstats files
     python benchmarks/cold_warm.py --out DIR --turns TORCHINDUCTOR_COMPILE_THREADS=1 --soak 0  # A/B
 """
@@ -80,7 +81,9 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
     if args.load:
         result["load_s"] = timed_call(lambda: cgcompile.load_compile_cache(args.load), device)[1]
     torch.manual_seed(0)
-    family = build(args.family, device.type, dtype, args.quick, args.quick_layers, args.unbacked)
+    family = build(
+        args.family, device.type, dtype, args.quick, args.quick_layers, args.unbacked, args.marked
+    )
     model = family.model
     options: dict[str, Any] = {"graph_runtime": "simulated"} if args.quick else {}
     options |= json.loads(args.options)
@@ -254,6 +257,11 @@ def main() -> None:
         "--unbacked", action="store_true", help="mark the batch unbacked (one Dynamo trace)"
     )
     parser.add_argument(
+        "--marked",
+        action="store_true",
+        help="Hugging Face families: mark the batch, the static cache's tensors with it",
+    )
+    parser.add_argument(
         "--profile-first",
         metavar="DIR",
         help="cProfile each phase's precompile (or load), first call and capture_all into DIR",
@@ -316,6 +324,8 @@ def main() -> None:
         "cudnn_sdp": not args.no_cudnn_sdp,
         "options": json.loads(args.options),
         "python_bytecode_primed": not args.no_prime,
+        "python_bytecode_prefix": os.environ.get("PYTHONPYCACHEPREFIX"),
+        "marked": args.marked,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     name = "cold-warm-no-cudnn-sdp.json" if args.no_cudnn_sdp else "cold-warm.json"
@@ -351,6 +361,7 @@ def _run(
     cmd += ["--quick", "--quick-layers", str(args.quick_layers)] if args.quick else []
     cmd += ["--no-cudnn-sdp"] if args.no_cudnn_sdp else []
     cmd += ["--unbacked"] if args.unbacked else []
+    cmd += ["--marked"] if args.marked else []
     cmd += ["--options", args.options, "--family", args.family]
     if args.profile_first:
         Path(args.profile_first).mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ def pad_check(gm: fx.GraphModule, plan: InputPlan) -> PadCheck:
     """The pad-safety check of `plan`'s batch, to ride along the effects' fake run (its verdict
     is `plan.pad_unsafe`); registered attention ops are trusted."""
     padded = [i for i, _ in plan.pad_values]
-    return PadCheck(gm, plan.batch_exprs, _is_attention, plan.names, padded)
+    return PadCheck(gm, plan.batch_exprs, _is_attention, plan.names, padded, plan.batch_state)
 
 
 def _is_attention(target: Any) -> bool:

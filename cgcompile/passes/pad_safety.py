@@ -6,7 +6,8 @@ is batch-major. `check_pad_safety` decides it once per graph, without running an
 backend judges it during the fake run that finds the graph's effects, `PadCheck`):
 
 1. inputs: the batch (a symbol `s` of Dynamo's shape environment) is dim 0 of the batch
-   inputs and in no other dim of any input;
+   inputs and in no other dim of any input, and dim 0 of no input at a fixed address (a cache
+   allocated per batch size: padding cannot grow it);
 2. ops: the graph runs on fresh fake tensors with symbolic sizes, and every aten op it
    dispatches is judged by `batch_rules.check_op` from the shapes it sees (rows vanish,
    sizes move, mixing along the batch, the batch size as a value). SDPA is judged as one call
@@ -95,6 +96,7 @@ class PadCheck:
         trusted: Callable[[Any], bool] = lambda target: False,
         names: Sequence[str] = (),
         padded: Collection[int] = (),
+        fixed: Collection[int] = (),
     ) -> None:
         self.gm, self.batch_exprs, self.trusted, self.padded = gm, batch_exprs, trusted, padded
         self.batch = BatchDims(frozenset(s for e in batch_exprs for s in e.free_symbols))
@@ -104,6 +106,12 @@ class PadCheck:
         self.checker: _OpChecker | None = None
         if self.batch.symbols:
             self.reason = _check_inputs(self.placeholders, self.names, self.batch, batch_exprs)
+        if self.batch.symbols and self.reason is None and fixed:
+            self.reason = (
+                f"input {self.names[min(fixed)]} has the batch as dim 0 and a fixed address (a "
+                f"parameter, buffer or static-address tensor, e.g. a cache per batch size): "
+                f"padding cannot grow it"
+            )
 
     @property
     def needs_run(self) -> bool:

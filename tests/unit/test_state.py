@@ -225,3 +225,29 @@ def test_capture_all_captures_a_cache_sized_by_the_batch_at_its_own_size_only(mo
             got, want = call(compiled, n, caches, pos), call(_PerBatchCache(), n, theirs, pos)
             assert torch.equal(got, want) and torch.equal(caches[n], theirs[n])
     assert cgcompile.counters.num_cudagraph_captured == before  # replays of captured keys
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])
+def test_a_cache_sized_by_the_batch_is_never_padded(mode, caplog):
+    """Padding cannot grow a static-address cache whose dim 0 is the batch (a `StaticCache` per
+    batch size, its batch marked): sizes between capture sizes, batch 1 included, run without
+    graphs on the caller's cache, equal to eager, and say why once; capture sizes replay."""
+    options = {"cudagraph_mode": mode, "graph_runtime": "simulated", "compiler": "eager"}
+    options["cudagraph_capture_sizes"] = [2, 4, 8]
+    compiled = torch.compile(_PerBatchCache(), backend="cudagraph_modes", options=options)
+    sizes = (4, 3, 1, 2, 3, 1, 4)
+    caches = {n: torch.zeros(n, 5, 4) for n in set(sizes)}
+    theirs = {n: c.clone() for n, c in caches.items()}
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="cgcompile"):
+        for pos, n in enumerate(sizes):
+            x = torch.randn(n, 4)
+            torch._dynamo.mark_static_address(caches[n])
+            cgcompile.mark_dynamic_batch(x, caches[n])
+            at = torch.tensor([pos % 5])
+            got, want = compiled(x, caches[n], at), _PerBatchCache()(x, theirs[n], at)
+            assert torch.equal(got, want) and torch.equal(caches[n], theirs[n]), (pos, n)
+    dynamic = next(g for g in cgcompile.compiled_graphs() if g.plan.batch_exprs)
+    assert "cache" in (dynamic.plan.pad_unsafe or "")
+    assert dynamic.report.num_eager_fallbacks == 2  # the calls of 3 rows
+    unpadded = [m for m in caplog.messages if "padding cannot grow it" in m]
+    assert len(unpadded) == 1, caplog.messages
