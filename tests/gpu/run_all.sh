@@ -143,7 +143,7 @@ run coldwarm-nocudnn cold-warm-no-cudnn.log python benchmarks/cold_warm.py --out
 # not in the default stages: start-up (STAGES=startup, ~5 min): which SDPA backend each shape
 # takes and its plan cost; the step time of every size 1..512 under each capture grid; time to
 # ready with the default grid (cold, precompiled), with the old 51-size grid, with eager pieces
-case " $stages " in *" startup "*|*" families "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
+case " $stages " in *" startup "*|*" families "*|*" fast4 "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
 run startup attention-backends.log python benchmarks/attention_backends.py --out "$out"
 run startup capture-grid.log python benchmarks/capture_grid.py --out "$out"
 run startup cold-warm-grid.log python benchmarks/cold_warm.py --out "$out/grid" --soak 200 \
@@ -173,6 +173,17 @@ run families cold-warm-rows.log python benchmarks/cold_warm.py --out "$out/rows"
 for family in hf-llama hf-qwen3; do
   run families "cold-warm-$family.log" python benchmarks/cold_warm.py --out "$out/$family" \
     --family "$family" --soak 50 --no-prime --phases cold aot-cold aot-warm-local
+done
+# not in the default stages: the fastest start on every family, primed, one process each: eager
+# pieces (no Inductor), then Inductor on the HF families; their batch marked (STAGES=fast4, ~6 min)
+for family in llama rows hf-llama hf-qwen3; do
+  marked=(); case $family in hf-*) marked=(--marked) ;; esac
+  run fast4 "cold-eager-$family.log" python benchmarks/cold_warm.py --out "$out/eager-$family" \
+    --family "$family" "${marked[@]}" --soak 0 --phases cold --options '{"compiler": "eager"}'
+done
+for family in hf-llama hf-qwen3; do
+  run fast4 "cold-inductor-$family.log" python benchmarks/cold_warm.py --out "$out/$family" \
+    --family "$family" --marked --soak 0 --phases cold
 done
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
