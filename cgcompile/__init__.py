@@ -8,7 +8,7 @@ from cgcompile.backend import cudagraph_modes
 from cgcompile.backend.attention import register_attention_op
 from cgcompile.backend.resolution import Downgrade, Resolution, Rule, resolve_cudagraph_mode
 from cgcompile.calls.background import BackgroundCapture
-from cgcompile.calls.compiled_graph import CompiledGraph, capture_all, compiled_graphs
+from cgcompile.calls.compiled_graph import CompiledGraph
 from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
 from cgcompile.calls.dispatcher import CudagraphDispatcher
 from cgcompile.calls.forward_context import (
@@ -19,6 +19,7 @@ from cgcompile.calls.forward_context import (
     is_forward_context_available,
     set_forward_context,
 )
+from cgcompile.calls.live_graphs import capture_all, compiled_graphs
 from cgcompile.calls.trusted import guarded, trusted
 from cgcompile.config import (
     AttentionCGSupport,

@@ -26,10 +26,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
     torch._dynamo.reset()
-    from cgcompile.calls import compiled_graph
+    from cgcompile.calls import live_graphs
     from cgcompile.counters import counters
 
     counters.reset()
     # graphs of earlier tests live on until the collector frees their cycles: forget them, so
     # `compiled_graphs()` lists this test's only (a full collection per test costs ~0.1 s)
-    compiled_graph._live_graphs.clear()
+    live_graphs.forget_all()

@@ -51,6 +51,7 @@ from cgcompile.backend.preconditions import (
 )
 from cgcompile.backend.resolution import Resolution, resolve_cudagraph_mode
 from cgcompile.backend.wrapping import full_wrapper, piecewise_factory
+from cgcompile.calls import live_graphs
 from cgcompile.calls.compiled_graph import CompiledGraph
 from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
 from cgcompile.calls.dispatcher import CudagraphDispatcher
@@ -128,6 +129,7 @@ def compile_graph(
         runnable, dispatcher, plan, report, wrappers, runtime, shapes_only, traced
     )
     graph.analyses = analyses
+    live_graphs.register(graph)
     return graph
 
 

@@ -25,7 +25,8 @@ call runs the model's work once, as one eager call would (the wrappers' warm-up 
 their own results), so state written inside the graph (KV caches, counters) advances exactly
 once per call.
 
-`capture_all` records graphs without running the model (`bulk_capture`). Parameters are held
+`capture_all` records graphs without running the model (`bulk_capture`; every live graph's:
+`live_graphs`). Parameters are held
 weakly: a deleted model's instance and its graphs are dropped (`instances`).
 """
 
@@ -35,15 +36,14 @@ import contextlib
 import contextvars
 import logging
 import threading
-import weakref
 from collections.abc import Callable
 from sys import getrefcount
-from typing import Any, Literal, overload
+from typing import Any
 
 import torch
 
 from cgcompile.calls import bulk_capture
-from cgcompile.calls.background import BackgroundCapture, Turns, covering_key
+from cgcompile.calls.background import Turns, covering_key
 from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
 from cgcompile.calls.dispatcher import CudagraphDispatcher
 from cgcompile.calls.fallbacks import FallbackLog
@@ -65,7 +65,6 @@ from cgcompile.calls.report import GraphReport, live_report
 from cgcompile.calls.variants import SizeVariants
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
-from cgcompile.errors import CGCompileError
 from cgcompile.graphs import GraphRuntime
 
 logger = logging.getLogger(__name__)
@@ -74,20 +73,11 @@ MISS = object()
 """What `CompiledGraph.steady` returns for a call that is not a steady state."""
 _use_count = torch._C._storage_Use_Count
 
-_live_graphs: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
-
 RETURNED: contextvars.ContextVar[list[tuple[CompiledGraph, Any]] | None] = contextvars.ContextVar(
     "cgcompile_returned", default=None
 )
 """Where set, each graph call of this thread (or task) appends (graph, outputs): how
 `trusted` learns what a model call's graphs returned."""
-
-
-def compiled_graphs() -> list[CompiledGraph]:
-    """Every live graph compiled by the backend, for inspection and reports: graphs with a
-    dynamic batch first, then those specialised to one batch size (Dynamo traces batch 1
-    apart), each oldest first, so `[0]` is a model's main graph whatever its first call."""
-    return sorted(_live_graphs, key=lambda g: (g.plan.static_batch is not None, g.report_id))
 
 
 class CompiledGraph:
@@ -141,7 +131,6 @@ class CompiledGraph:
         self.capture_turns: Turns | None = None
         """While a background `capture_all` records this graph's keys: the lock its captures
         and this graph's calls take turns on (`background`); calls then skip `steady`."""
-        _live_graphs.add(self)
 
     @property
     def report_id(self) -> int:
@@ -414,38 +403,3 @@ class CompiledGraph:
     def format_report(self) -> str:
         """`report` as text: pieces, mode and why, captured keys, times, memory, fallbacks."""
         return self.report.format()
-
-
-@overload
-def capture_all(progress: bool = ..., background: Literal[False] = ...) -> int: ...
-@overload
-def capture_all(progress: bool = ..., *, background: Literal[True]) -> BackgroundCapture: ...
-
-
-def capture_all(progress: bool = True, background: bool = False) -> int | BackgroundCapture:
-    """Capture now every graph that every live compiled graph's dispatcher lists.
-
-    A compiled graph must have been called once at a size with graphs (it reuses that call's
-    parameters and input layout); graphs never called are skipped with a warning (they capture
-    on first use) when some other graph was called, else `CGCompileError`. Graphs owned by
-    another live thread are skipped with a warning. Returns how many CUDA graphs this call
-    recorded: one per piece for each PIECEWISE key plus one per FULL key, for each live module
-    instance; keys captured before are not counted, so a second call returns 0. `progress`: a
-    tqdm bar.
-
-    `background=True`: returns a `BackgroundCapture` once its thread is set up and records the
-    graphs on that thread while this thread's calls go on (`calls.background`): each call
-    replays what is captured so far and waits for at most one capture; `.wait()` returns the
-    graphs recorded meanwhile.
-    """
-    graphs = bulk_capture.to_capture([g for g in compiled_graphs() if g.uses_graphs])
-    if background:
-        busy = [g for g in graphs if g.capture_turns is not None]
-        if busy:
-            raise CGCompileError(
-                f"graph {busy[0].report_id} is being captured in the background already; "
-                f"wait() for that capture_all first"
-            )
-        return BackgroundCapture(graphs)
-    with bulk_capture.frozen_heap():  # one collection for every graph
-        return sum(graph.capture_all(progress) for graph in graphs)
