@@ -174,16 +174,19 @@ for family in hf-llama hf-qwen3; do
   run families "cold-warm-$family.log" python benchmarks/cold_warm.py --out "$out/$family" \
     --family "$family" --soak 50 --no-prime --phases cold aot-cold aot-warm-local
 done
-# not in the default stages: the fastest start on every family, primed, one process each: eager
-# pieces (no Inductor), then Inductor on the HF families; their batch marked (STAGES=fast4, ~6 min)
+# not in the default stages: the fastest start on every family, one process each, Python's
+# bytecode primed (by the first run of each kind; the others read it): eager pieces (no
+# Inductor), then Inductor on the HF families; their batch marked (STAGES=fast4, ~5 min)
 for family in llama rows hf-llama hf-qwen3; do
-  marked=(); case $family in hf-*) marked=(--marked) ;; esac
+  extra=(); case $family in hf-*) extra=(--marked) ;; esac
+  case $family in rows|hf-qwen3) extra+=(--no-prime) ;; esac
   run fast4 "cold-eager-$family.log" python benchmarks/cold_warm.py --out "$out/eager-$family" \
-    --family "$family" "${marked[@]}" --soak 0 --phases cold --options '{"compiler": "eager"}'
+    --family "$family" "${extra[@]}" --soak 0 --phases cold --options '{"compiler": "eager"}'
 done
 for family in hf-llama hf-qwen3; do
+  extra=(); [ "$family" = hf-qwen3 ] && extra=(--no-prime)
   run fast4 "cold-inductor-$family.log" python benchmarks/cold_warm.py --out "$out/$family" \
-    --family "$family" --marked --soak 0 --phases cold
+    --family "$family" --marked "${extra[@]}" --soak 0 --phases cold
 done
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
