@@ -11,7 +11,9 @@ backed or static code, which match each other (docs/BENCHMARKS.md, "Which batch 
 unbacked size also has no example value, so code that asks `n == 1` while tracing cannot
 be traced: on torch 2.11 with CUDA, SDPA's cuDNN eligibility check does that and Dynamo breaks
 the graph at every attention call unless that kernel is disabled
-(`torch.backends.cuda.enable_cudnn_sdp(False)`).
+(`torch.backends.cuda.enable_cudnn_sdp(False)`). Code that reads the answer without asking
+(`x.squeeze()` of the batch dim) is traced as if the batch were not 1: calls of one row of
+such a graph raise (`passes.one_row`).
 
     cgcompile.mark_dynamic_batch(tokens, positions)                 # 2 traces, 1 compile
     cgcompile.mark_dynamic_batch(tokens, positions, unbacked=True)  # one trace for 1..max

@@ -25,6 +25,7 @@ from torch import fx
 from cgcompile.calls.input_plan import InputPlan
 from cgcompile.dynamic import PAD_ATTRIBUTE
 from cgcompile.passes.mutation import Effects
+from cgcompile.passes.one_row import one_row_difference
 
 STATIC_ATTRIBUTE = "_cgcompile_static"
 """Marks a fake example input whose real input was a parameter (a graph rebuilt from a saved
@@ -58,6 +59,7 @@ def plan_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> InputPlan:
     static = tuple(i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and i not in user)
     dims = [values[i].shape[0] for i in batch_tensors]
     bounds = [_lower_bound(d) for d in dims if isinstance(d, torch.SymInt)]
+    min_batch = max([1, *bounds])
     return InputPlan(
         exprs,
         size_indices,
@@ -67,12 +69,13 @@ def plan_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> InputPlan:
         static_batch,
         static,
         tuple(i for i, v in enumerate(values) if isinstance(v, torch.SymInt)),
-        max([1, *bounds]),
+        min_batch,
         batch_state=tuple(i for i in static if _dim0_in(values[i], exprs)),
         names=tuple(_name(node) for node in placeholders),
         pad_values=_pad_values(batch_tensors, example_inputs),
         batch_strided=tuple(i for i in batch_tensors if _strides_use(values[i], exprs)),
         handed_outputs=tuple(i for i, v in enumerate(outputs) if isinstance(v, torch.Tensor)),
+        one_row=one_row_difference(gm, exprs) if exprs and min_batch == 1 else None,
     )
 
 

@@ -65,6 +65,7 @@ from cgcompile.calls.report import GraphReport, live_report
 from cgcompile.calls.variants import SizeVariants
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
+from cgcompile.errors import CGCompileError
 from cgcompile.graphs import GraphRuntime
 
 logger = logging.getLogger(__name__)
@@ -233,6 +234,13 @@ class CompiledGraph:
     def _call(self, args: tuple[Any, ...]) -> Any:
         """Every call but the steady state: the checks that may run it without graphs, then
         `_first_calls`, or the steady state after an instance's full check."""
+        if self.plan.one_row is not None and self.plan.batch_size(args) == 1:
+            raise CGCompileError(
+                f"graph {self.report_id} cannot run a batch of one row as eager would: "
+                f"{self.plan.one_row}. Mark the batch backed (mark_dynamic_batch without "
+                f"unbacked=True, torch's backed_size_oblivious off: Dynamo traces batch 1 "
+                f"apart), or squeeze a dim that is not the batch (x.squeeze(-1))"
+            )
         if not self.uses_graphs:
             return self.runnable(*args)
         if self.owner.ident != threading.get_ident() and not self.owner.claim():

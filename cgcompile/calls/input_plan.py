@@ -71,6 +71,9 @@ class InputPlan:
     """Static tensors whose dim 0 is the batch (a cache allocated per batch size, as Hugging
     Face's `StaticCache`): a graph serves only calls of their size, and `capture_all` captures
     only the key of each instance's size."""
+    one_row: str | None = None
+    """Why a call of one row could differ from eager's (`passes.one_row`: a graph whose batch
+    admits 1 and that squeezes a batch dim); such calls raise. None: one row is as any."""
     host_scalars: tuple[int, ...] = ()
     """One-element CPU tensors among the user inputs of a graph that runs on CUDA (a float
     attribute Dynamo passes as a tensor and reads with `.item()`): the host reads them while a

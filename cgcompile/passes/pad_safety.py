@@ -229,7 +229,7 @@ class _OpChecker(TorchDispatchMode):
 
     def record(self, why: str | None, op: str) -> None:
         if why is not None and self.reason is None:
-            self.reason = f"{_where(self.node)} ({op}) {why}"
+            self.reason = f"{source_of(self.node)} ({op}) {why}"
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:
@@ -267,7 +267,7 @@ def _value(node: fx.Node) -> Any:
     return node.meta.get("example_value", node.meta.get("val"))
 
 
-def _where(node: fx.Node | None) -> str:
+def source_of(node: fx.Node | None) -> str:
     """`code` (file:line) of the user's call behind a node, from Dynamo's stack trace."""
     if node is None:
         return "an op"

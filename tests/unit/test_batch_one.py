@@ -328,3 +328,42 @@ def test_a_precompiled_batch_one_graph_is_served_only_by_the_graph_it_was_matche
         out = torch.compile(copy.deepcopy(model), backend=rebuild)(tokens, positions)
         torch.testing.assert_close(out, reference(tokens, positions))
     assert served[0].graph is graph
+
+
+@pytest.mark.parametrize("marking", ["unbacked", "backed_size_oblivious"])
+def test_a_one_row_graph_that_squeezes_the_batch_raises_at_one_row(marking):
+    """A graph whose batch admits one row was traced as if the batch were not 1, so a squeeze
+    keeps the batch dim eager drops at one row: calls of one row raise, naming the line and
+    the fix; other sizes equal eager's."""
+    if marking == "unbacked" and not cgcompile.torch_features.SHARED_UNBACKED_BATCH.available:
+        pytest.skip("needs mark_unbacked's shape_id (torch >= 2.11)")
+    oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=marking != "unbacked")
+    model = SqueezeAll().eval()
+    compiled = torch.compile(model, backend="cudagraph_modes", options=SIM)
+    with torch.no_grad(), oblivious:
+        for n in (4, 3):
+            x = torch.randn(n, 8)
+            cgcompile.mark_dynamic_batch(x, unbacked=marking == "unbacked")
+            torch.testing.assert_close(compiled(x), model(x))
+        x = torch.randn(1, 8)
+        cgcompile.mark_dynamic_batch(x, unbacked=marking == "unbacked")
+        assert model(x).shape == (8,)
+        where = r"squeeze\(\) \+ 1` \(test_batch_one.py:\d+\) squeezes dim 0"
+        with pytest.raises(cgcompile.CGCompileError, match=where):
+            compiled(x)
+    assert cgcompile.compiled_graphs()[0].plan.min_batch == 1
+
+
+def test_a_one_row_graph_without_squeezes_serves_one_row():
+    """The check names only squeezes of the batch: an unbacked example Llama serves one row."""
+    if not cgcompile.torch_features.SHARED_UNBACKED_BATCH.available:
+        pytest.skip("needs mark_unbacked's shape_id (torch >= 2.11)")
+    compiled, model, reference = _llama_pair("FULL")
+    torch._dynamo.utils.counters.clear()
+    with torch.no_grad():
+        for n in (4, 1, 3, 1):
+            tokens, positions = make_inputs(CFG, n, "cpu")
+            mark_batch(CFG, tokens, positions, unbacked=True)
+            torch.testing.assert_close(compiled(tokens, positions), reference(tokens, positions))
+    assert cgcompile.compiled_graphs()[0].plan.one_row is None
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
