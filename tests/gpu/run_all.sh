@@ -177,9 +177,9 @@ done
 # not in the default stages: the fastest start on every family, one process each, Python's
 # bytecode primed (by the first run of each kind; the others read it): eager pieces (no
 # Inductor), then Inductor on the HF families; their batch marked (STAGES=fast4, ~5 min)
-for family in llama rows hf-llama hf-qwen3; do
+for family in hf-llama hf-qwen3 llama rows; do
   extra=(); case $family in hf-*) extra=(--marked) ;; esac
-  case $family in rows|hf-qwen3) extra+=(--no-prime) ;; esac
+  [ "$family" = hf-llama ] || extra+=(--no-prime)
   run fast4 "cold-eager-$family.log" python benchmarks/cold_warm.py --out "$out/eager-$family" \
     --family "$family" "${extra[@]}" --soak 0 --phases cold --options '{"compiler": "eager"}'
 done
