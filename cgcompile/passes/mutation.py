@@ -68,7 +68,14 @@ def find_effects(
     gm: fx.GraphModule, example_inputs: Sequence[Any], watch: Watch | None = None
 ) -> Effects:
     """The inputs `gm` writes in place and the outputs that alias an input; `watch` lets another
-    analysis see the same run (one fake run of a large graph costs about a second)."""
+    analysis see the same run (one fake run of a large graph costs about a second). Without
+    `watch`, the run takes each symbolic size at its example value when every size has one
+    (what is written and aliased does not depend on the sizes, and a run without symbols costs
+    a fraction), else, or where that run fails (a value read from data), it keeps the symbols."""
+    if watch is None:
+        concrete = _concrete_effects(gm, example_inputs)
+        if concrete is not None:
+            return concrete
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     with fake_execution(example_inputs):
         args = fresh_fakes(placeholders, example_inputs)
@@ -78,6 +85,17 @@ def find_effects(
         )
         with _UnmarkedWrites() as unmarked, watching:
             out = interpreter.run(*args)
+    return _effects(placeholders, args, before, out, unmarked.written)
+
+
+def _effects(
+    placeholders: Sequence[fx.Node],
+    args: Sequence[Any],
+    before: Sequence[int | None],
+    out: Any,
+    written: set[StorageWeakRef],
+) -> Effects:
+    """What a run of `args` (versions `before`) that returned `out` wrote and aliased."""
     storages = {
         StorageWeakRef(a.untyped_storage()): i
         for i, a in enumerate(args)
@@ -87,7 +105,7 @@ def find_effects(
         i
         for i, (a, version) in enumerate(zip(args, before, strict=True))
         if version is not None
-        and (a._version != version or StorageWeakRef(a.untyped_storage()) in unmarked.written)
+        and (a._version != version or StorageWeakRef(a.untyped_storage()) in written)
     )
     outputs = out if isinstance(out, (tuple, list)) else [out]
     aliases = {
@@ -97,6 +115,55 @@ def find_effects(
     }
     logger.debug("mutated inputs: %s", [placeholders[i].name for i in mutated])
     return Effects(mutated, aliases)
+
+
+def _concrete_effects(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Effects | None:
+    """`find_effects` on inputs whose symbolic sizes are their example values, in a fake mode
+    without symbols; None where a size has no example value or the run needs symbols."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    traced = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
+    traced = [t if t is not None else real for t, real in zip(traced, example_inputs, strict=True)]
+    try:
+        values = [_concrete(t) for t in traced]
+    except _NoHint:
+        return None
+    mode = torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with mode, enable_python_dispatcher(), torch.no_grad():
+            args = [
+                torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device)
+                if isinstance(t, torch.Tensor)
+                else shape
+                for t, (shape, stride) in zip(traced, values, strict=True)
+            ]
+            before = [a._version if isinstance(a, torch.Tensor) else None for a in args]
+            with _UnmarkedWrites() as unmarked:
+                out = fx.Interpreter(gm).run(*args)
+    except Exception:  # noqa: BLE001 (a shortcut: any failure takes the run with symbols)
+        logger.debug("effects: the run without symbols failed; running with them", exc_info=True)
+        return None
+    return _effects(placeholders, args, before, out, unmarked.written)
+
+
+class _NoHint(Exception):
+    pass
+
+
+def _concrete(value: Any) -> tuple[Any, Any]:
+    """(shape, stride) of a tensor with every size at its example value; (value, None) for a
+    scalar, its example value if symbolic."""
+    if isinstance(value, torch.Tensor):
+        return tuple(map(_hint, value.shape)), tuple(map(_hint, value.stride()))
+    return _hint(value), None
+
+
+def _hint(size: Any) -> Any:
+    if isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        hint = size.node.hint
+        if hint is None:
+            raise _NoHint
+        return hint
+    return size
 
 
 _BATCH_NORMS = frozenset(
