@@ -188,6 +188,14 @@ for family in hf-llama hf-qwen3; do
   run fast4 "cold-inductor-$family.log" python benchmarks/cold_warm.py --out "$out/$family" \
     --family "$family" --marked "${extra[@]}" --soak 0 --phases cold
 done
+# not in the default stages: where a warm restart's load goes, under cProfile (the example Llama
+# precompiled, cold then warm on the same caches; the top of each profile printed; STAGES=warmprof)
+run warmprof cold-warm-warmprof.log python benchmarks/cold_warm.py --out "$out/warmprof" \
+  --soak 0 --phases aot-cold aot-warm-local --profile-first "$out/warmprof/prof"
+run warmprof warm-load-profile.log python -c 'import pstats, sys
+for name in ("precompile", "capture-all"):
+    print("==", name); stats = pstats.Stats(f"{sys.argv[1]}/{name}-aot-warm-local.prof")
+    stats.sort_stats("cumulative").print_stats(45)' "$out/warmprof/prof"
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
 
