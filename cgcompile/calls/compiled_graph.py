@@ -26,8 +26,9 @@ their own results), so state written inside the graph (KV caches, counters) adva
 once per call.
 
 `capture_all` records graphs without running the model (`bulk_capture`; every live graph's:
-`live_graphs`). Parameters are held
-weakly: a deleted model's instance and its graphs are dropped (`instances`).
+`live_graphs`). Parameters are held weakly: a deleted model's instance and its graphs are
+dropped (`instances`). A graph whose batch admits one row and that squeezes it raises at one
+row (`passes.one_row`).
 """
 
 from __future__ import annotations
