@@ -331,16 +331,16 @@ def test_a_precompiled_batch_one_graph_is_served_only_by_the_graph_it_was_matche
 
 
 @pytest.mark.parametrize("marking", ["unbacked", "backed_size_oblivious"])
-def test_a_one_row_graph_that_squeezes_the_batch_raises_at_one_row(marking):
+def test_a_one_row_graph_that_squeezes_the_batch_raises_at_one_row(marking, caplog):
     """A graph whose batch admits one row was traced as if the batch were not 1, so a squeeze
-    keeps the batch dim eager drops at one row: calls of one row raise, naming the line and
-    the fix; other sizes equal eager's."""
+    keeps the batch dim eager drops at one row: its compile warns, calls of one row raise,
+    naming the line and the fix; other sizes equal eager's."""
     if marking == "unbacked" and not cgcompile.torch_features.SHARED_UNBACKED_BATCH.available:
         pytest.skip("needs mark_unbacked's shape_id (torch >= 2.11)")
     oblivious = torch.fx.experimental._config.patch(backed_size_oblivious=marking != "unbacked")
     model = SqueezeAll().eval()
     compiled = torch.compile(model, backend="cudagraph_modes", options=SIM)
-    with torch.no_grad(), oblivious:
+    with torch.no_grad(), oblivious, caplog.at_level(logging.WARNING, logger="cgcompile"):
         for n in (4, 3):
             x = torch.randn(n, 8)
             cgcompile.mark_dynamic_batch(x, unbacked=marking == "unbacked")
@@ -352,6 +352,8 @@ def test_a_one_row_graph_that_squeezes_the_batch_raises_at_one_row(marking):
         with pytest.raises(cgcompile.CGCompileError, match=where):
             compiled(x)
     assert cgcompile.compiled_graphs()[0].plan.min_batch == 1
+    warned = [m for m in caplog.messages if "calls of one row will raise" in m]
+    assert len(warned) == 1 and "squeezes dim 0" in warned[0]
 
 
 def test_a_one_row_graph_without_squeezes_serves_one_row():
