@@ -239,14 +239,13 @@ def _choose_runtime(
 
 def _capture_sizes(config: CompilationConfig, plan: InputPlan) -> tuple[int, ...]:
     """The sizes this graph can run at: a static batch only its own; a backed batch not 1,
-    which Dynamo sends to a graph of its own."""
+    which Dynamo sends to a graph of its own, nor a batch whose one-row calls raise."""
     if plan.static_batch is not None:
         return (plan.static_batch,)
-    sizes = tuple(s for s in config.cudagraph_capture_sizes if s >= plan.min_batch)
+    least = max(plan.min_batch, 2 if plan.one_row is not None else 1)
+    sizes = tuple(s for s in config.cudagraph_capture_sizes if s >= least)
     if len(sizes) < len(config.cudagraph_capture_sizes):
-        logger.info(
-            "capture sizes below %d dropped: this graph's guards exclude them", plan.min_batch
-        )
+        logger.info("capture sizes below %d dropped: no call of this graph runs them", least)
     return sizes
 
 

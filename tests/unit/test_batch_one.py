@@ -351,7 +351,8 @@ def test_a_one_row_graph_that_squeezes_the_batch_raises_at_one_row(marking, capl
         where = r"squeeze\(\) \+ 1` \(test_batch_one.py:\d+\) squeezes dim 0"
         with pytest.raises(cgcompile.CGCompileError, match=where):
             compiled(x)
-    assert cgcompile.compiled_graphs()[0].plan.min_batch == 1
+    graph = cgcompile.compiled_graphs()[0]
+    assert graph.plan.min_batch == 1 and graph.dispatcher.capture_sizes[0] == 2  # 1 never runs
     warned = [m for m in caplog.messages if "calls of one row will raise" in m]
     assert len(warned) == 1 and "squeezes dim 0" in warned[0]
 
