@@ -27,12 +27,8 @@ def one_row_difference(gm: fx.GraphModule, batch_exprs: Collection[Any]) -> str 
     """Why `gm` at one row could differ from an eager call (a squeeze that may drop a dim
     whose size is the batch), or None."""
     for node in gm.graph.nodes:
-        squeeze = (node.op == "call_method" and node.target in _SQUEEZES) or (
-            node.op == "call_function" and node.target in _SQUEEZE_FUNCTIONS
-        )
-        if not squeeze or not node.args or not isinstance(node.args[0], fx.Node):
-            continue
-        value = node.args[0].meta.get("example_value")
+        squeezed = squeezed_input(node)
+        value = squeezed.meta.get("example_value") if squeezed is not None else None
         if not isinstance(value, torch.Tensor):
             continue
         dims = node.args[1:] or ([node.kwargs["dim"]] if "dim" in node.kwargs else [])
@@ -45,4 +41,15 @@ def one_row_difference(gm: fx.GraphModule, batch_exprs: Collection[Any]) -> str 
                     f"{source_of(node)} squeezes dim {d}, whose size is the batch: at one row "
                     f"eager drops it, but the graph was traced for any batch size and keeps it"
                 )
+    return None
+
+
+def squeezed_input(node: fx.Node) -> fx.Node | None:
+    """The tensor `node` squeezes, if it is a squeeze (whose input's example value
+    `one_row_difference` reads: a saved graph keeps it)."""
+    squeeze = (node.op == "call_method" and node.target in _SQUEEZES) or (
+        node.op == "call_function" and node.target in _SQUEEZE_FUNCTIONS
+    )
+    if squeeze and node.args and isinstance(node.args[0], fx.Node):
+        return node.args[0]
     return None

@@ -51,6 +51,7 @@ from cgcompile.calls.compiled_graph import CompiledGraph
 from cgcompile.calls.padded_batch_one import PaddedBatchOne
 from cgcompile.config import CompilationConfig
 from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE, PAD_ATTRIBUTE
+from cgcompile.passes.one_row import squeezed_input
 from cgcompile.passes.op_match import OpMatcher
 from cgcompile.passes.sdpa_masks import writes_first_arg
 from cgcompile.passes.split import split_graph
@@ -196,7 +197,8 @@ def _values_read_on_load(gm: fx.GraphModule, options: Mapping[str, Any]) -> set[
     runs no fake run (the saving process's analyses are reused), so it reads the inputs', the
     outputs', sizes and scalars, the values the split hands between pieces (each piece compiles
     with its placeholders' values), the splitting ops' and their arguments' (`sdpa_masks`, the
-    shape-only stand-ins) and what in-place ops write (`sdpa_masks` leaves written masks)."""
+    shape-only stand-ins), what in-place ops write (`sdpa_masks` leaves written masks) and what
+    squeezes take (`one_row`)."""
     config = CompilationConfig.from_options(options)
     matcher = OpMatcher(attention_ops() if config.splitting_ops is None else config.splitting_ops)
     values = set()
@@ -209,6 +211,9 @@ def _values_read_on_load(gm: fx.GraphModule, options: Mapping[str, Any]) -> set[
             values.update(n.name for n in node.all_input_nodes)
         if writes_first_arg(node) and node.args and isinstance(node.args[0], fx.Node):
             values.add(node.args[0].name)
+        squeezed = squeezed_input(node)
+        if squeezed is not None:
+            values.add(squeezed.name)
     for item in split_graph(gm, matcher).items:  # a copy of gm: gm stays as it is
         values.update(n.name for n in item.graph.graph.find_nodes(op="placeholder"))
     return values

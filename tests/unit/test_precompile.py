@@ -459,3 +459,36 @@ def test_a_decorated_forward_and_a_class_defined_in_a_function_save_and_load(tmp
     assert saved.loaded is False and loaded.loaded is True
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert "guards are not saved (on globals, or pinning objects" in caplog.text
+
+
+class SqueezeRows(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).unsqueeze(1).squeeze() + 1
+
+
+@needs_aot
+def test_a_loaded_graph_whose_one_row_calls_differ_still_raises_at_one_row(tmp_path):
+    """The saved graph keeps the example values the one-row check reads (a squeeze's input):
+    the loaded graph of an unbacked batch that squeezes it raises at one row as the compiled
+    one does."""
+    if not torch_features.SHARED_UNBACKED_BATCH.available:
+        pytest.skip("needs mark_unbacked's shape_id (torch >= 2.11)")
+    model, path = SqueezeRows().eval(), tmp_path / "squeeze.cgaot"
+    x = torch.randn(4, 16)
+    cgcompile.mark_dynamic_batch(x, unbacked=True)
+    with torch.no_grad():
+        cgcompile.precompile(model, [(x,)], path, OPTIONS)
+        torch._dynamo.reset()
+        loaded = cgcompile.precompile(model, [(x,)], path, OPTIONS)
+        y = torch.randn(3, 16)
+        cgcompile.mark_dynamic_batch(y, unbacked=True)
+        torch.testing.assert_close(loaded(y), model(y))
+        one = torch.randn(1, 16)
+        cgcompile.mark_dynamic_batch(one, unbacked=True)
+        with pytest.raises(cgcompile.CGCompileError, match="squeezes dim 0"):
+            loaded(one)
+    assert loaded.loaded is True
