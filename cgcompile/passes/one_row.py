@@ -29,11 +29,11 @@ def one_row_difference(gm: fx.GraphModule, batch_exprs: Collection[Any]) -> str 
     for node in gm.graph.nodes:
         squeezed = squeezed_input(node)
         value = squeezed.meta.get("example_value") if squeezed is not None else None
-        if not isinstance(value, torch.Tensor):
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
             continue
         dims = node.args[1:] or ([node.kwargs["dim"]] if "dim" in node.kwargs else [])
         flat = [d for arg in dims for d in (arg if isinstance(arg, (list, tuple)) else [arg])]
-        chosen = range(value.dim()) if not flat else [d % max(value.dim(), 1) for d in flat]
+        chosen = range(value.dim()) if not flat else [d % value.dim() for d in flat]
         for d in chosen:
             size = value.shape[d]
             if isinstance(size, torch.SymInt) and size.node.expr in batch_exprs:
