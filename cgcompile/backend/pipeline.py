@@ -124,8 +124,6 @@ def compile_graph(
     report.pad_unsafe = plan.pad_unsafe
     note_compiled(graph_id)
     _log_resolution(graph_id, resolution, attention, built)
-    if plan.one_row is not None:
-        logger.warning("graph %d: calls of one row will raise: %s", graph_id, plan.one_row)
     shapes_only, traced = built.shapes_only, generated_forward(gm)
     graph = CompiledGraph(
         runnable, dispatcher, plan, report, wrappers, runtime, shapes_only, traced
@@ -153,6 +151,8 @@ def _plan(
         plan = with_host_scalars(plan, example_inputs)
     if support == AttentionCGSupport.ALWAYS:
         plan = with_decode_by_shape(plan, gm, config.uniform_decode_query_len)
+    if plan.one_row is not None:
+        logger.warning("graph %d: calls of one row will raise: %s", graph_id, plan.one_row)
     return plan, analyses
 
 
