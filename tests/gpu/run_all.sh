@@ -195,7 +195,16 @@ run warmprof cold-warm-warmprof.log python benchmarks/cold_warm.py --out "$out/w
 run warmprof warm-load-profile.log python -c 'import pstats, sys
 for name in ("precompile", "capture-all"):
     print("==", name); stats = pstats.Stats(f"{sys.argv[1]}/{name}-aot-warm-local.prof")
-    stats.sort_stats("cumulative").print_stats(45)' "$out/warmprof/prof"
+    stats.sort_stats("cumulative").print_stats(60); stats.sort_stats("tottime").print_stats(25)' "$out/warmprof/prof"
+# not in the default stages: where a cold start with eager pieces goes, under cProfile (the
+# example Llama; the top of its first call and capture_all printed; STAGES=coldprof)
+run coldprof cold-eager-profile.log python benchmarks/cold_warm.py --out "$out/coldprof" \
+  --soak 0 --phases cold --options '{"compiler": "eager"}' --profile-first "$out/coldprof/prof"
+run coldprof cold-eager-profile-top.log python -c 'import pstats, sys
+for name in ("first-call", "capture-all"):
+    print("==", name); stats = pstats.Stats(f"{sys.argv[1]}/{name}-cold.prof")
+    stats.sort_stats("cumulative").print_stats(60); stats.sort_stats("tottime").print_stats(25)' \
+  "$out/coldprof/prof"
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
 
