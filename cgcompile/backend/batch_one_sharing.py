@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import fx
@@ -69,7 +69,9 @@ def _candidates(plan: InputPlan, config: CompilationConfig) -> list[tuple[Compil
     ]
 
 
-def _serve(graph: CompiledGraph, size_positions: tuple[int, ...], gm: fx.GraphModule) -> Any:
+def _serve(
+    graph: CompiledGraph, size_positions: tuple[int, ...], traced: Callable[..., Any]
+) -> PaddedBatchOne:
     logger.info(
         "Dynamo's batch-1 graph is graph %d at batch 1: served by it, padded to 2 rows "
         "(no compile, no graphs of its own)",
@@ -78,7 +80,7 @@ def _serve(graph: CompiledGraph, size_positions: tuple[int, ...], gm: fx.GraphMo
     counters.num_graphs_seen += 1
     counters.num_graphs_shared += 1
     graph.report.serves_batch_one = True
-    return PaddedBatchOne(graph, size_positions, generated_forward(gm))
+    return PaddedBatchOne(graph, size_positions, traced)
 
 
 def serve_batch_one(
@@ -96,7 +98,7 @@ def serve_batch_one(
     for graph, dynamic_gm in candidates:
         match = match_batch_one(dynamic_gm, gm, graph.plan.batch_exprs)
         if match.mismatch is None:
-            return _serve(graph, match.size_positions, gm), None
+            return _serve(graph, match.size_positions, generated_forward(gm)), None
         mismatches.append(f"not graph {graph.report_id} at batch 1: {match.mismatch}")
     why = "; ".join(mismatches)
     logger.info("Dynamo's batch-1 graph compiles on its own: it is %s", why)
@@ -127,15 +129,16 @@ def serve_matched_batch_one(
     config: CompilationConfig,
     size_positions: tuple[int, ...],
     dynamic_digest: str,
+    traced: Callable[..., Any],
 ) -> PaddedBatchOne:
     """A batch-1 graph rebuilt from a precompiled file, whose saving process matched it with a
     dynamic graph saved before it in the same file: served by the live dynamic graph of the
     same options, input names and code (`code_digest`), without matching the nodes again (a
-    saved batch-1 graph keeps no fake values but its inputs')."""
+    saved batch-1 graph keeps its placeholders alone in `gm`; `traced` runs its nodes)."""
     plan = plan_inputs(gm, example_inputs)
     for graph, dynamic_gm in _candidates(plan, config):
         if code_digest(dynamic_gm) == dynamic_digest:
-            return _serve(graph, size_positions, gm)
+            return _serve(graph, size_positions, traced)
     raise CGCompileError(
         "a precompiled batch-1 graph was served by a dynamic graph that is not loaded"
     )

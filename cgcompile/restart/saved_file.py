@@ -41,9 +41,10 @@ from cgcompile.restart.portable import (
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"cgcompile-precompiled 3\n"
+MAGIC = b"cgcompile-precompiled 4\n"
 """The format's version: raised when what a file holds no longer fits this code (3: the pieces
-are lazy graph modules, so the saved Inductor artifacts of format 2 would all miss)."""
+are lazy graph modules, so the saved Inductor artifacts of format 2 would all miss; 4: a
+served batch-1 graph keeps its nodes apart from its placeholders)."""
 
 
 def load(

@@ -13,9 +13,10 @@ fake runs found (`backend.analyses.Analyses`). Loading rebuilds the fake example
 facts and runs the backend again on the same graph without those fake runs: its Inductor
 compiles are cache lookups (the caller loads the saved Inductor artifacts first). A batch-1
 graph that the saving process served by a dynamic graph (`backend.batch_one_sharing`) is saved
-with the fake values of its inputs only (the rest costs seconds to unpickle on a large model)
-and with where its batch sizes go and which dynamic graph served it; loaded after that graph, it
-is served by it again without matching the nodes.
+as its placeholders with their fake values, with where its batch sizes go and which dynamic
+graph served it, and apart from them its nodes without metadata, which only a call in manual
+mode runs (unpickled then: they cost a third of the example Llama's graph unpickle); loaded
+after that graph, it is served by it again without matching the nodes.
 
     compiled = torch.compile(fn, backend=saving_backend(options), fullgraph=True)
     with torch._dynamo.config.patch(enable_aot_compile=True): ...   # see restart.precompile
@@ -54,7 +55,7 @@ from cgcompile.dynamic import BATCH_DIM_ATTRIBUTE, PAD_ATTRIBUTE
 from cgcompile.passes.one_row import squeezed_input
 from cgcompile.passes.op_match import OpMatcher
 from cgcompile.passes.sdpa_masks import writes_first_arg
-from cgcompile.passes.split import split_graph
+from cgcompile.passes.split import generated_forward, split_graph
 from cgcompile.restart import load_steps
 
 _DROPPED_META = ("source_fn_stack", "nn_module_stack")
@@ -117,7 +118,8 @@ class SavedGraph(SerializableCallable):
             config = CompilationConfig.from_options(state["options"])
             served = state.get("batch_one")
             if served is not None:
-                compiled = serve_matched_batch_one(gm, examples, config, *served)
+                traced = _unpickled_on_first_call(state["traced"])
+                compiled = serve_matched_batch_one(gm, examples, config, *served, traced)
             else:
                 compiled = compile_dynamo_graph(gm, examples, config, state["analyses"])
         if isinstance(compiled, CompiledGraph):
@@ -141,8 +143,9 @@ def saving_backend(
             compiled = cudagraph_modes(gm, example_inputs, options)
         state = _state(graph, example_inputs, options)
         state["analyses"] = getattr(compiled, "analyses", None)  # a batch-1 graph served: none
-        if isinstance(compiled, PaddedBatchOne):
-            state["graph"] = _pickled(gm, inputs_only=True)
+        if isinstance(compiled, PaddedBatchOne):  # its nodes run only in manual mode
+            state["graph"] = _pickled(_placeholders_of(gm))
+            state["traced"] = _pickled(gm, bare=True)
             state["batch_one"] = (
                 compiled.size_positions,
                 code_digest(dynamic_gm_of(compiled.graph)),
@@ -167,14 +170,12 @@ def _drop_meta(gm: fx.GraphModule) -> None:
             node.meta.pop(key, None)
 
 
-def _pickled(
-    gm: fx.GraphModule, values: set[str] | None = None, inputs_only: bool = False
-) -> bytes:
+def _pickled(gm: fx.GraphModule, values: set[str] | None = None, bare: bool = False) -> bytes:
     """`gm` pickled with its nodes' metadata, but the example values of nodes not in `values`
-    (None: all kept); or (`inputs_only`) with its placeholders' metadata alone."""
+    (None: all kept); or (`bare`) without any metadata."""
     saved = {}
     for node in gm.graph.nodes:
-        if inputs_only and node.op != "placeholder":
+        if bare:
             saved[node], node.meta = node.meta, {}
         elif values is not None and node.name not in values and _VALUE_KEYS & node.meta.keys():
             saved[node] = node.meta
@@ -189,6 +190,34 @@ def _pickled(
 
 
 _VALUE_KEYS = frozenset({"example_value", "val"})
+
+
+def _placeholders_of(gm: fx.GraphModule) -> fx.GraphModule:
+    """A graph of `gm`'s placeholders alone, with their metadata, returning nothing: what a
+    rebuild of a batch-1 graph served by a dynamic graph reads."""
+    graph = fx.Graph()
+    for node in gm.graph.find_nodes(op="placeholder"):
+        graph.node_copy(node)
+    graph.output(())
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _unpickled_on_first_call(data: bytes) -> Callable[..., Any]:
+    """The generated forward of the graph pickled in `data` (`_pickled(gm, bare=True)`),
+    unpickled when first called: a load skips its nodes, a third of the load's graph unpickle
+    on the example Llama."""
+    forward: Callable[..., Any] | None = None
+
+    def traced(*args: Any) -> Any:
+        nonlocal forward
+        if forward is None:
+            with _slices_as_pytree_nodes():
+                gm = GraphPickler.loads(data, FakeTensorMode(shape_env=ShapeEnv()))
+            gm.recompile()  # an unpickled graph module has no code yet
+            forward = generated_forward(gm)
+        return forward(*args)
+
+    return traced
 
 
 def _values_read_on_load(gm: fx.GraphModule, options: Mapping[str, Any]) -> set[str]:

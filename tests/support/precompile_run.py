@@ -114,6 +114,12 @@ def main() -> None:
         before_calls = cgcompile.counters.num_cudagraph_captured
         for i, n in enumerate([8, 5, 1, 3, 16, 2, 1, 7]):
             call(i + 1, n)
+        # manual mode at batch 1: the batch-1 graph's own nodes run (unpickled now if loaded)
+        context = cgcompile.set_forward_context(
+            cgcompile.CUDAGraphMode.NONE, cgcompile.BatchDescriptor(num_tokens=1)
+        )
+        with context:
+            call(9, 1)
     caches = (_read_slots(model) - _read_slots(eager)).abs().max().item()  # not the trash slot
     print(
         json.dumps(

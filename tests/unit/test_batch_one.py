@@ -318,9 +318,11 @@ def test_a_precompiled_batch_one_graph_is_served_only_by_the_graph_it_was_matche
     def rebuild(gm, example_inputs):  # as the load does, with Dynamo's batch-1 graph
         positions = match_batch_one(dynamic_gm, gm, graph.plan.batch_exprs).size_positions
         with pytest.raises(CGCompileError, match="not loaded"):
-            serve_matched_batch_one(gm, example_inputs, config, positions, "0" * 64)
+            serve_matched_batch_one(gm, example_inputs, config, positions, "0" * 64, gm.forward)
         digest = code_digest(dynamic_gm)
-        served.append(serve_matched_batch_one(gm, example_inputs, config, positions, digest))
+        served.append(
+            serve_matched_batch_one(gm, example_inputs, config, positions, digest, gm.forward)
+        )
         return served[-1]
 
     tokens, positions = make_inputs(CFG, 1, "cpu")

@@ -81,7 +81,11 @@ def test_a_fresh_process_loads_the_precompiled_model_without_tracing_or_compilin
     assert saved["autograd_cache"][1] > 0
     assert_equals_eager(saved)
     loaded = run(path, tmp_path / "m")
-    assert loaded["loaded"] is True and loaded["warnings"] == []
+    assert loaded["loaded"] is True
+    # the one warning: a batch-1 call in manual mode runs the batch-1 graph's own nodes,
+    # which the load unpickles only then, and matches eager (max_error)
+    assert [w for w in loaded["warnings"] if "manual mode" not in w] == []
+    assert len(loaded["warnings"]) == len(saved["warnings"]) == 1
     assert loaded["dynamo_traces"] == 0 and loaded["dynamo_traces_after_calls"] == 0
     assert loaded["autograd_cache"] == [saved["autograd_cache"][1], 0]  # every compile a hit
     assert loaded["backend_compiles"] == saved["backend_compiles"]
