@@ -7,6 +7,9 @@ also a `TypeError`, `CaptureError` a `RuntimeError`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class CGCompileError(Exception):
     """Base class of every error raised by cgcompile."""
@@ -22,3 +25,13 @@ class ConfigTypeError(ConfigError, TypeError):
 
 class CaptureError(CGCompileError, RuntimeError):
     """A CUDA graph could not be captured or would replay on the wrong memory."""
+
+
+def capture_failed(fn: Callable[..., Any], exc: BaseException) -> CaptureError:
+    """The `CaptureError` of a capture of `fn` that raised `exc` (raise it `from exc`)."""
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    return CaptureError(
+        f"CUDA graph capture of {name} failed with {type(exc).__name__}: {exc}; ops that "
+        f"synchronize (.item(), .cpu(), data-dependent shapes) or allocate pinned memory cannot "
+        f"be captured"
+    )

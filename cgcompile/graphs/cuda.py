@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
-from cgcompile.errors import CaptureError
+from cgcompile.errors import CaptureError, capture_failed
 
 logger = logging.getLogger(__name__)
 
@@ -175,11 +175,11 @@ class CUDAGraphRuntime:
                 _end_failed_capture(graph, self.device, pool)
                 if not isinstance(exc, Exception):
                     raise
-                raise CaptureError(_capture_failure(fn, exc)) from exc
+                raise capture_failed(fn, exc) from exc
             try:
                 graph.capture_end()
             except RuntimeError as exc:
-                raise CaptureError(_capture_failure(fn, exc)) from exc
+                raise capture_failed(fn, exc) from exc
         current.wait_stream(self.stream)
         return output
 
@@ -237,15 +237,6 @@ def _end_failed_capture(graph: torch.cuda.CUDAGraph, device: torch.device, pool:
         with contextlib.suppress(RuntimeError):  # "not currently recording": it had ended
             if end_allocating is not None:
                 end_allocating(device.index, pool)
-
-
-def _capture_failure(fn: Callable[..., Any], exc: BaseException) -> str:
-    name = getattr(fn, "__qualname__", type(fn).__name__)
-    return (
-        f"CUDA graph capture of {name} failed with {type(exc).__name__}: {exc}; ops that "
-        f"synchronize (.item(), .cpu(), data-dependent shapes) or allocate pinned memory cannot "
-        f"be captured"
-    )
 
 
 def _reserved_bytes(device: torch.device) -> int:

@@ -2,7 +2,8 @@
 
 `SimulatedGraphRuntime.capture(fn, args)` runs `fn(*args)` once, keeps the `args` objects (the
 captured inputs) and the output tensors, undoes any in-place writes the call made to tensor
-args, and poisons the outputs, because a real capture computes nothing. `SimulatedGraph.replay`
+args, and poisons the outputs, because a real capture computes nothing (an exception `fn`
+raises comes out as a `CaptureError`, as from a failed capture on a GPU). `SimulatedGraph.replay`
 re-runs `fn` on the *captured* args and copies the results into the captured output tensors in
 place, returning the captured output object. Hence, as on a GPU:
 
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from cgcompile.errors import CaptureError
+from cgcompile.errors import CaptureError, capture_failed
 
 
 def poison_value(dtype: torch.dtype) -> float | int | bool | None:
@@ -193,12 +194,15 @@ def _run_without_arg_writes(fn: Callable[..., Any], args: tuple[Any, ...]) -> An
     written (train-mode batch norm's running statistics) and inference tensors have none.
     """
     saved = [(a, a.clone()) for a in args if isinstance(a, torch.Tensor)]
-    output = fn(*args)
-    with torch.no_grad():
-        for arg, before in saved:
-            if not _same_contents(arg, before):
-                arg.copy_(before)
-    return output
+    try:
+        return fn(*args)
+    except Exception as exc:  # a real capture fails the same way (`graphs.cuda`)
+        raise capture_failed(fn, exc) from exc
+    finally:
+        with torch.no_grad():
+            for arg, before in saved:
+                if not _same_contents(arg, before):
+                    arg.copy_(before)
 
 
 def _same_contents(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -361,3 +361,18 @@ def test_weak_ref_tensors_leaves_cpu_tensors_alone() -> None:
     x = torch.arange(3.0)
     out = weak_ref_tensors((x, None, [x]))
     assert out[0] is x and out[1] is None and out[2][0] is x
+
+
+def test_a_simulated_capture_that_raises_is_a_capture_error_and_writes_nothing() -> None:
+    """As a capture on a GPU: `capture_all` and lazy capture take a `CaptureError` (the key
+    left to lazy capture, or run eagerly), and a failed capture ran no kernel."""
+    state = torch.zeros(3)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        raise IndexError("shape mismatch")
+
+    with pytest.raises(CaptureError, match="failed with IndexError: shape mismatch") as info:
+        SimulatedGraphRuntime().capture(fn, (state,), weak_output=False)
+    assert isinstance(info.value.__cause__, IndexError)
+    assert torch.equal(state, torch.zeros(3))
