@@ -5,7 +5,8 @@
 a file that fits, nothing is traced: the file is loaded. Otherwise every example call (its
 positional arguments as a tuple, or its keyword arguments as a dict) is compiled ahead of time
 with torch's AOT compile (torch >= 2.10: Dynamo's bytecode and the guards that can cross
-processes, `restart.portable`; one `SavedGraph` per example) and the file is written, with
+processes, `restart.portable`; one `SavedGraph` per example that no earlier example's
+compile serves: with an unbacked batch, one for every size) and the file is written, with
 this process's Inductor artifacts.
 
 Steps of a load (`restart.saved_file`):
@@ -197,9 +198,16 @@ def _compile_and_save(
     # attempt) showed Dynamo for this code
     settings = {"enable_aot_compile": True, "automatic_dynamic_shapes": batch != "static"}
     with torch._dynamo.config.patch(**settings), builtins_as_globals():
-        for example in examples:
+        for i, example in enumerate(examples):
             args, kwargs = call_of(example)
             args = (*prefix, *args)
+            if any(_fits(fn, args, kwargs) for fn in functions):
+                logger.info(
+                    "precompile: example %d is served by an earlier example's compile (an "
+                    "unbacked batch serves every size): not traced again",
+                    i,
+                )
+                continue
             guards = {"guard_filter_fn": portable_guards(forward, args, kwargs)}
             backend = saving_backend(options)
             wrapped = torch.compile(forward, backend=backend, fullgraph=True, options=guards)
@@ -219,6 +227,15 @@ def _compile_and_save(
     for fn in functions:
         fn.disable_guard_check()
     return functions
+
+
+def _fits(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the AOT-compiled `fn`'s guards accept the call, its marked tensors checked
+    unmarked as `Precompiled` checks calls (torch 2.11 saves an example's marks as absent)."""
+    bare = lambda a: a.detach() if isinstance(a, torch.Tensor) else a  # noqa: E731
+    if fn.guard_check(*args, **kwargs):
+        return True
+    return bool(fn.guard_check(*map(bare, args), **{k: bare(v) for k, v in kwargs.items()}))
 
 
 def _just_in_time(

@@ -197,15 +197,17 @@ for name in ("precompile", "capture-all"):
     print("==", name); stats = pstats.Stats(f"{sys.argv[1]}/{name}-aot-warm-local.prof")
     stats.sort_stats("cumulative").print_stats(60); stats.sort_stats("tottime").print_stats(25)' "$out/warmprof/prof"
 # not in the default stages: eager pieces cold with cuDNN attention off, the batch unbacked (one
-# Dynamo trace for every size) against backed, the example Llama and KV rows (STAGES=fastub)
+# Dynamo trace for every size; and precompiled) against backed, the example Llama and KV rows
+# (STAGES=fastub)
 case " $stages " in *" fastub "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
 for family in llama rows; do
   for marking in unbacked backed; do
-    extra=(); [ "$marking" = unbacked ] && extra=(--unbacked)
+    extra=(--phases cold)
+    [ "$marking" = unbacked ] && extra=(--unbacked --phases cold aot-cold aot-warm-local)
     [ "$family$marking" = llamaunbacked ] || extra+=(--no-prime)
     run fastub "cold-eager-nocudnn-$family-$marking.log" python benchmarks/cold_warm.py \
       --out "$out/fastub-$family-$marking" --family "$family" "${extra[@]}" --soak 50 \
-      --phases cold --no-cudnn-sdp --options '{"compiler": "eager"}'
+      --no-cudnn-sdp --options '{"compiler": "eager"}'
   done
 done
 # not in the default stages: where a cold start with eager pieces goes, under cProfile (the

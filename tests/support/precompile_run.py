@@ -4,7 +4,7 @@ model's code) for a batch of 8 and a batch of 1, then decode steps of several si
 eager copy (logits and caches); print one JSON line of what happened.
 
     python -m tests.support.precompile_run PATH MODEL_DIR [--compiler eager] [--sizes 4 8]
-        [--marked] [--cuda] [--examples 8 1]
+        [--marked] [--cuda] [--examples 8 1] [--unbacked]
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--marked", action="store_true", help="mark the calls' inputs too")
     parser.add_argument("--cuda", action="store_true", help="on the GPU, real CUDA graphs")
     parser.add_argument("--examples", type=int, nargs="+", default=[8, 1])
+    parser.add_argument("--unbacked", action="store_true", help="examples marked unbacked")
     args = parser.parse_args()
     analyses_run = _count_analyses()
     warnings = _Warnings()
@@ -91,7 +92,7 @@ def main() -> None:
     examples = []
     for n in args.examples:
         tokens, positions = make_inputs(cfg, n, device)
-        mark_batch(cfg, tokens, positions)
+        mark_batch(cfg, tokens, positions, unbacked=args.unbacked)
         examples.append((tokens, positions))
     dynamo_counters.clear()
     with torch.no_grad():
@@ -125,6 +126,7 @@ def main() -> None:
         json.dumps(
             {
                 "loaded": step.loaded,
+                "functions": len(step.functions),
                 "why_compiled": step.why_compiled,
                 "dynamo_traces": traces,
                 "dynamo_traces_after_calls": dynamo_counters["stats"]["unique_graphs"],

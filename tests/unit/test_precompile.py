@@ -121,6 +121,23 @@ def test_a_fresh_process_loads_the_precompiled_model_without_tracing_or_compilin
 
 
 @needs_aot
+def test_an_unbacked_batch_is_traced_and_saved_once_for_every_example(tmp_path):
+    """The batch-1 example of an unbacked batch fits the first example's guards: it is not
+    traced again, the file holds one function, and a load serves every size from it."""
+    if not torch_features.SHARED_UNBACKED_BATCH.available:
+        pytest.skip("needs mark_unbacked's shape_id (torch >= 2.11)")
+    write_model(tmp_path / "m", 1.0)
+    path, args = tmp_path / "llama.cgaot", ("--compiler", "eager", "--unbacked")
+    saved = run(path, tmp_path / "m", *args)
+    assert saved["loaded"] is False and saved["dynamo_traces"] == 1 and saved["functions"] == 1
+    assert_equals_eager(saved)
+    loaded = run(path, tmp_path / "m", *args)
+    assert loaded["loaded"] is True and loaded["functions"] == 1
+    assert loaded["dynamo_traces_after_calls"] == 0  # sizes 1 to 16, none traced
+    assert_equals_eager(loaded)
+
+
+@needs_aot
 def test_changed_options_or_model_code_are_refused_once_and_compiled_again(tmp_path):
     model_dir, path = tmp_path / "m", tmp_path / "llama.cgaot"
     write_model(model_dir, 1.0)
