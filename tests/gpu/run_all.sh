@@ -198,9 +198,9 @@ for name in ("precompile", "capture-all"):
     stats.sort_stats("cumulative").print_stats(60); stats.sort_stats("tottime").print_stats(25)' "$out/warmprof/prof"
 # not in the default stages: eager pieces cold with cuDNN attention off, the batch unbacked (one
 # Dynamo trace for every size; and precompiled) against backed, the example Llama and KV rows
-# (STAGES=fastub)
+# (STAGES=fastub, ~3.5 min; FASTUB_FAMILIES=llama for one)
 case " $stages " in *" fastub "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
-for family in llama rows; do
+for family in ${FASTUB_FAMILIES:-llama rows}; do
   for marking in unbacked backed; do
     extra=(--phases cold)
     [ "$marking" = unbacked ] && extra=(--unbacked --phases cold aot-cold aot-warm-local)
