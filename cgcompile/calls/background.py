@@ -140,9 +140,12 @@ class BackgroundCapture:
         before = counters.num_cudagraph_captured
         try:
             for graph, todo in self._plans:
+                failed = []
                 for item in todo:
-                    bulk_capture.capture_key(graph, *item, turn=self._turns)
+                    why = bulk_capture.capture_key(graph, *item, turn=self._turns)
+                    failed += [why] if why is not None else []
                     self.keys_done += 1
+                bulk_capture.warn_failed(graph.report_id, failed, len(todo))
         except BaseException as exc:  # noqa: BLE001 - kept for wait(), and logged now
             self._failed(exc)
         finally:

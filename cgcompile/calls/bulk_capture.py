@@ -65,9 +65,12 @@ def capture_graphs(graph: Capturable, progress: bool) -> int:
     """Capture every listed key for every live instance of `graph`; returns graphs recorded."""
     todo = plan_captures(graph)
     before = counters.num_cudagraph_captured
+    failed = []
     with frozen_heap(), torch.no_grad():  # graphs are for inference: no autograd records
         for item in _progress(todo, progress, f"graph {graph.report_id}"):
-            capture_key(graph, *item)
+            if (why := capture_key(graph, *item)) is not None:
+                failed.append(why)
+    warn_failed(graph.report_id, failed, len(todo))
     captured = counters.num_cudagraph_captured - before
     logger.info("graph %d: captured %d graphs for %d keys", graph.report_id, captured, len(todo))
     return captured
@@ -202,9 +205,10 @@ def capture_key(
     mode: CUDAGraphMode,
     desc: Any,
     turn: contextlib.AbstractContextManager[Any] = _ALONE,
-) -> None:
+) -> str | None:
     """Record the graphs of one key on padding rows (each capture under `turn`); a
-    `CaptureError` leaves the key to lazy capture, with a WARNING."""
+    `CaptureError` leaves the key to lazy capture: returned as "key: error" (logged at INFO),
+    for `warn_failed`, else None."""
     with turn:  # padding rows go into the static buffers the owner's calls also fill
         args = graph.input_buffers.at_size(example, desc.num_tokens)
     shape_key = graph.plan.shape_key(args)
@@ -219,18 +223,28 @@ def capture_key(
             describe_key((desc, shape_key, slot)),
             [graph.plan.names[i] for i in graph.plan.mutated],
         )
-        return
+        return None
     try:
         with set_forward_context(mode, desc, shape_key=shape_key, capture_only=True, instance=slot):
             with pieces:
                 graph.runnable(*args)
     except CaptureError as exc:
+        why = f"{mode.name} key {describe_key((desc, shape_key, slot))}: {exc}"
+        logger.info("graph %d: not captured ahead: %s", graph.report_id, why)
+        return why
+    return None
+
+
+def warn_failed(graph_id: int, failed: list[str], total: int) -> None:
+    """One WARNING for the keys of a graph that `capture_key` left to lazy capture."""
+    if failed:
         logger.warning(
-            "graph %d: %s key %s not captured ahead (%s); it is captured on first use",
-            graph.report_id,
-            mode,
-            describe_key((desc, shape_key, slot)),
-            exc,
+            "graph %d: %d of %d keys not captured ahead, captured on first use instead "
+            "(each at INFO); the first: %s",
+            graph_id,
+            len(failed),
+            total,
+            failed[0],
         )
 
 

@@ -513,6 +513,33 @@ def test_capture_all_skips_a_graph_never_called_when_another_was(caplog):
     assert caplog.text.count("capture_all skips it: it was never called") == 1
 
 
+class _IndexesNineRows(torch.nn.Module):
+    """Reads rows 0-8 of an 8-row buffer: batches of 9 rows and more index out of range."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("b", torch.randn(8, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.b[torch.arange(x.shape[0]) % 9]
+
+
+def test_capture_all_leaves_keys_whose_capture_fails_to_lazy_capture_with_one_warning(caplog):
+    sizes = [2, 4, 8, 16, 24]
+    options = {"compiler": "eager", "cudagraph_mode": "FULL", "cudagraph_capture_sizes": sizes}
+    f = compile_fn(_IndexesNineRows().eval(), **options)
+    x = torch.randn(4, 4)
+    cgcompile.mark_dynamic_batch(x)
+    with torch.no_grad():
+        f(x)
+        with caplog.at_level(logging.WARNING, logger="cgcompile"):
+            captured = cgcompile.capture_all(progress=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "2 of 5 keys not captured ahead" in warnings[0]
+    assert "the first: FULL key 24: " in warnings[0] and "IndexError" in warnings[0]
+    assert captured == 3  # 2, 4 and 8 rows
+
+
 def test_compiled_graphs_lists_the_dynamic_batch_graph_first_whatever_the_first_call():
     f = compile_fn(SeqModel().eval(), compiler="eager", cudagraph_capture_sizes=[1, 2, 4, 8])
     with torch.no_grad():
