@@ -142,8 +142,8 @@ class BackgroundCapture:
             for graph, todo in self._plans:
                 failed = []
                 for item in todo:
-                    why = bulk_capture.capture_key(graph, *item, turn=self._turns)
-                    failed += [why] if why is not None else []
+                    if why := bulk_capture.capture_key(graph, *item, turn=self._turns):
+                        failed.append(why)
                     self.keys_done += 1
                 bulk_capture.warn_failed(graph.report_id, failed, len(todo))
         except BaseException as exc:  # noqa: BLE001 - kept for wait(), and logged now

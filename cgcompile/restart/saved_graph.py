@@ -193,8 +193,7 @@ _VALUE_KEYS = frozenset({"example_value", "val"})
 
 
 def _placeholders_of(gm: fx.GraphModule) -> fx.GraphModule:
-    """A graph of `gm`'s placeholders alone, with their metadata, returning nothing: what a
-    rebuild of a batch-1 graph served by a dynamic graph reads."""
+    """`gm`'s placeholders alone: what a rebuild of a served batch-1 graph reads."""
     graph = fx.Graph()
     for node in gm.graph.find_nodes(op="placeholder"):
         graph.node_copy(node)
