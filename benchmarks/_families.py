@@ -80,14 +80,14 @@ def build(
 ) -> Family:
     """The family `name`; `quick`: a tiny CPU build (`quick_layers` layers of the Llama);
     `unbacked`: the batch marked unbacked (one trace for every size, batch 1 included; the
-    Hugging Face families are not marked); `marked`: the Hugging Face families' batch marked,
-    the static cache's tensors with it (sizes >= 2 share a trace)."""
+    Hugging Face families only with `marked`); `marked`: the Hugging Face families' batch
+    marked, the static cache's tensors with it (sizes >= 2 share a trace)."""
     if name == "llama":
         return _llama(device, dtype, quick, quick_layers, unbacked)
     if name == "rows":
         return _rows(device, dtype, quick, unbacked)
     if name.startswith("hf-"):
-        return _hf(name, device, dtype, quick, marked)
+        return _hf(name, device, dtype, quick, marked, unbacked)
     raise ValueError(f"unknown family {name!r}; one of {NAMES}")
 
 
@@ -115,7 +115,9 @@ def _rows(device: str, dtype: torch.dtype, quick: bool, unbacked: bool) -> Famil
     return Family("rows", RowsLlama(cfg).to(device, dtype).eval(), inputs)
 
 
-def _hf(name: str, device: str, dtype: torch.dtype, quick: bool, marked: bool) -> Family:
+def _hf(
+    name: str, device: str, dtype: torch.dtype, quick: bool, marked: bool, unbacked: bool
+) -> Family:
     import transformers
 
     arch = {"hf-llama": "Llama", "hf-qwen3": "Qwen3"}[name]
@@ -145,7 +147,8 @@ def _hf(name: str, device: str, dtype: torch.dtype, quick: bool, marked: bool) -
         if marked:
             layers = caches[n].layers
             cache = [t for layer in layers for t in (layer.keys, layer.values)]
-            cgcompile.mark_dynamic_batch(kwargs["input_ids"], kwargs["position_ids"], *cache)
+            batch = (kwargs["input_ids"], kwargs["position_ids"], *cache)
+            cgcompile.mark_dynamic_batch(*batch, unbacked=unbacked)
         return (), kwargs | {"past_key_values": caches[n]}
 
     written: dict[int, int] = {}  # positions each cache holds (its eager prefill wrote one)

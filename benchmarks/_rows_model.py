@@ -54,6 +54,7 @@ class RowsLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         cfg, b = self.cfg, x.shape[0]
+        torch._check(b <= cfg.rows)  # the batch fits the cache: `k_cache[:b]` of an unbacked b
         q, k, v = self.qkv(self.norm1(x)).view(b, 3, cfg.heads, cfg.head_dim).unbind(1)
         rows = torch.arange(b, device=x.device)
         self.k_cache[rows, :, pos] = k

@@ -155,7 +155,7 @@ run startup cold-warm-eager.log python benchmarks/cold_warm.py --out "$out/eager
   --no-prime --phases cold aot-cold aot-warm-local --options '{"compiler": "eager"}'
 # not in the default stages: FULL_AND_PIECEWISE's decode steps against FULL's, one process per
 # model family, peers in turns (STAGES=fpfull, ~4 min)
-for family in llama rows hf-llama hf-qwen3; do
+for family in ${FPFULL_FAMILIES:-llama rows hf-llama hf-qwen3}; do
   run fpfull "fp-vs-full-$family.log" python benchmarks/fp_vs_full.py --out "$out" --family "$family"
 done
 # not in the default stages: calls served while capture_all(background=True) runs, its GPU
@@ -198,13 +198,14 @@ for name in ("precompile", "capture-all"):
     stats.sort_stats("cumulative").print_stats(60); stats.sort_stats("tottime").print_stats(25)' "$out/warmprof/prof"
 # not in the default stages: eager pieces cold with cuDNN attention off, the batch unbacked (one
 # Dynamo trace for every size; and precompiled) against backed, the example Llama and KV rows
-# (STAGES=fastub, ~3.5 min; FASTUB_FAMILIES=llama for one)
+# (STAGES=fastub, ~3.5 min; FASTUB_FAMILIES="hf-llama hf-qwen3": HF, batch and caches marked)
 case " $stages " in *" fastub "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
 for family in ${FASTUB_FAMILIES:-llama rows}; do
   for marking in unbacked backed; do
     extra=(--phases cold)
     [ "$marking" = unbacked ] && extra=(--unbacked --phases cold aot-cold aot-warm-local)
     [ "$family$marking" = llamaunbacked ] || extra+=(--no-prime)
+    case $family in hf-*) extra+=(--marked) ;; esac
     run fastub "cold-eager-nocudnn-$family-$marking.log" python benchmarks/cold_warm.py \
       --out "$out/fastub-$family-$marking" --family "$family" "${extra[@]}" --soak 50 \
       --no-cudnn-sdp --options '{"compiler": "eager"}'
