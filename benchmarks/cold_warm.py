@@ -275,6 +275,9 @@ def main() -> None:
         help="instead of --phases: the cold phase in turns with and without this environment "
         "variable, fresh caches each time, --rounds times (an A/B of a setting)",
     )
+    parser.add_argument(
+        "--turns-phase", choices=("cold", "aot-warm-local"), default="cold", help="of --turns"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="rounds of --turns")
     parser.add_argument("--phase", choices=PHASES + AOT_PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
@@ -334,13 +337,19 @@ def main() -> None:
 
 
 def _turns(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
-    """The cold phase with and without `args.turns` (NAME=VALUE) in its environment, in turns,
-    `args.rounds` times, fresh caches each time."""
+    """`args.turns_phase` with and without `args.turns` (NAME=VALUE) in its environment, in
+    turns, `args.rounds` times: the cold phase on fresh caches each time, or the precompiled
+    warm phase on the caches and file of one precompiled cold process run first."""
     name, _, value = args.turns.partition("=")
-    rows = []
+    rows, extra = [], []
+    if args.turns_phase == "aot-warm-local":
+        extra = ["--precompile", str(work / "bench.cgaot")]
+        rows.append(_run(args, "aot-cold", work / "c", extra))
+        print(_line(rows[-1]), flush=True)
     for turn in range(args.rounds * 2):
         env = {name: value} if turn % 2 == 0 else {}
-        row = _run(args, "cold", work / f"turn-{turn}", [], env)
+        cache = work / "c" if extra else work / f"turn-{turn}"
+        row = _run(args, args.turns_phase, cache, extra, env)
         row["env"] = args.turns if env else f"{name} unset"
         print(f"[{row['env']}] " + _line(row), flush=True)
         rows.append(row)

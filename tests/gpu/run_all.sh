@@ -198,10 +198,11 @@ for name in ("precompile", "capture-all"):
     stats.sort_stats("cumulative").print_stats(60); stats.sort_stats("tottime").print_stats(25)' "$out/warmprof/prof"
 # not in the default stages: eager pieces cold with cuDNN attention off, the batch unbacked (one
 # Dynamo trace for every size; and precompiled) against backed, the example Llama and KV rows
-# (STAGES=fastub, ~3.5 min; FASTUB_FAMILIES="hf-llama hf-qwen3": HF, batch and caches marked)
+# (STAGES=fastub, ~3.5 min; FASTUB_FAMILIES="hf-llama hf-qwen3": HF, batch and caches marked;
+# FASTUB_MARKINGS=unbacked for one marking)
 case " $stages " in *" fastub "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
 for family in ${FASTUB_FAMILIES:-llama rows}; do
-  for marking in unbacked backed; do
+  for marking in ${FASTUB_MARKINGS:-unbacked backed}; do
     extra=(--phases cold)
     [ "$marking" = unbacked ] && extra=(--unbacked --phases cold aot-cold aot-warm-local)
     [ "$family$marking" = llamaunbacked ] || extra+=(--no-prime)
