@@ -205,7 +205,8 @@ for family in ${FASTUB_FAMILIES:-llama rows}; do
   for marking in ${FASTUB_MARKINGS:-unbacked backed}; do
     extra=(--phases cold)
     [ "$marking" = unbacked ] && extra=(--unbacked --phases cold aot-cold aot-warm-local)
-    [ "$family$marking" = llamaunbacked ] || extra+=(--no-prime)
+    [ -n "${fastub_primed:-}" ] && extra+=(--no-prime)  # the first run primes the bytecode
+    fastub_primed=1
     case $family in hf-*) extra+=(--marked) ;; esac
     run fastub "cold-eager-nocudnn-$family-$marking.log" python benchmarks/cold_warm.py \
       --out "$out/fastub-$family-$marking" --family "$family" "${extra[@]}" --soak 50 \
