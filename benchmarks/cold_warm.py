@@ -34,6 +34,7 @@ benchmark's own inputs included); Dynamo's traces and its graph breaks by reason
     python benchmarks/cold_warm.py --out DIR --family hf-llama --marked   # HF, the batch marked
     python benchmarks/cold_warm.py --out DIR --phases cold --profile-first DIR  # pstats files
     python benchmarks/cold_warm.py --out DIR --turns TORCHINDUCTOR_COMPILE_THREADS=1 --soak 0  # A/B
+    #   --turns-phase aot-warm-local: the same A/B of precompiled warm loads (after one save)
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ def test_a_precompiled_model_serves_a_fresh_process_on_the_gpu(tmp_path):
     assert loaded["loaded"] is True
     # the one warning: the manual-mode batch-1 call runs without CUDA graphs (as in the saver)
     assert [w for w in loaded["warnings"] if "manual mode" not in w] == []
-    assert len(loaded["warnings"]) == len(saved["warnings"]) == 1
+    assert len(loaded["warnings"]) == 1
     assert loaded["dynamo_traces_after_calls"] == 0
     assert loaded["autograd_cache"] == [saved["autograd_cache"][1], 0]
     assert loaded["captured_by_capture_all"] == saved["captured_by_capture_all"] > 0
