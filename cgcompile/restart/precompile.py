@@ -57,7 +57,7 @@ from cgcompile.restart import load_steps, saved_file
 from cgcompile.restart.compile_cache import precompile_header, source_checksum
 from cgcompile.restart.examples import Example, call_of, dynamic_first, marked
 from cgcompile.restart.portable import builtins_as_globals, closure_externals, portable_guards
-from cgcompile.restart.precompiled import Precompiled
+from cgcompile.restart.precompiled import Precompiled, without_marks
 from cgcompile.restart.saved_graph import saving_backend
 
 logger = logging.getLogger(__name__)
@@ -232,10 +232,10 @@ def _compile_and_save(
 def _fits(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether the AOT-compiled `fn`'s guards accept the call, its marked tensors checked
     unmarked as `Precompiled` checks calls (torch 2.11 saves an example's marks as absent)."""
-    bare = lambda a: a.detach() if isinstance(a, torch.Tensor) else a  # noqa: E731
     if fn.guard_check(*args, **kwargs):
         return True
-    return bool(fn.guard_check(*map(bare, args), **{k: bare(v) for k, v in kwargs.items()}))
+    unmarked = without_marks(args, kwargs)
+    return unmarked is not None and bool(fn.guard_check(*unmarked[0], **unmarked[1]))
 
 
 def _just_in_time(

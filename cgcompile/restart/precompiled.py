@@ -65,10 +65,11 @@ class Precompiled:
         """A call no function's guards accept: retried without `mark_dynamic_batch`'s marks
         (Dynamo guards on them: a batch-1 example's are dropped when traced), else compiled
         just in time."""
-        if any(_is_marked(a) for a in args):
-            unmarked = tuple(a.detach() if _is_marked(a) else a for a in args)  # same storage
+        unmarked = without_marks(args, kwargs)
+        if unmarked is not None:
+            bare_args, bare_kwargs = unmarked
             for fn in self.functions:
-                if fn.guard_check(*self._prefix, *unmarked, **kwargs):
+                if fn.guard_check(*self._prefix, *bare_args, **bare_kwargs):
                     if not self._warned_marks:
                         self._warned_marks = True
                         logger.warning(
@@ -76,7 +77,7 @@ class Precompiled:
                             "the examples only): marked inputs are checked twice, a few us "
                             "per call; drop the marks from the calls"
                         )
-                    return fn(*self._prefix, *unmarked, **kwargs)
+                    return fn(*self._prefix, *bare_args, **bare_kwargs)
         if self._jit is None:
             logger.warning(
                 "a call fits none of the %d precompiled functions (%s): compiling it just in "
@@ -108,6 +109,17 @@ class Precompiled:
     def __repr__(self) -> str:
         how = "loaded" if self.loaded else f"compiled ({self.why_compiled})"
         return f"Precompiled({len(self.functions)} functions, {how} in {self.seconds:.2f}s)"
+
+
+def without_marks(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """`args` and `kwargs` with each marked tensor replaced by an unmarked alias of the same
+    storage (what Dynamo's guards see of a call without marks), or None when none is marked."""
+    if not any(map(_is_marked, (*args, *kwargs.values()))):
+        return None
+    bare = lambda a: a.detach() if _is_marked(a) else a  # noqa: E731
+    return tuple(map(bare, args)), {k: bare(v) for k, v in kwargs.items()}
 
 
 def _is_marked(value: Any) -> bool:
