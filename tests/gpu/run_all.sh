@@ -213,6 +213,11 @@ for family in ${FASTUB_FAMILIES:-llama rows}; do
       --no-cudnn-sdp --options '{"compiler": "eager"}'
   done
 done
+# not in the default stages: a precompiled warm load with its background step (Triton's key
+# hashed while the file unpickles) against one without, in turns (STAGES=loadab, ~2 min)
+extra=(); [ -n "${fastub_primed:-}" ] && extra=(--no-prime)
+run loadab load-background-ab.log python benchmarks/cold_warm.py --out "$out/loadab" --soak 0 \
+  "${extra[@]}" --turns CGBENCH_LOAD_IN_TURN=1 --turns-phase aot-warm-local --rounds 2
 # not in the default stages: where a cold start with eager pieces goes, under cProfile (the
 # example Llama; the top of its first call and capture_all printed; STAGES=coldprof)
 run coldprof cold-eager-profile.log python benchmarks/cold_warm.py --out "$out/coldprof" \
