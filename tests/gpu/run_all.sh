@@ -7,7 +7,8 @@
 # SHARDS=3 runs the GPU tests in three processes at once (about a third of the wall time), each
 # stopped after TESTS_TIMEOUT seconds if given. PARALLEL=1 runs the stages tests, loop and hf
 # side by side (compiles overlap, timed phases take turns: benchmarks/_turns.py); ARCHIVE=1 packs
-# every result but summary.txt into all.tgz (a device run returns at most 8 files).
+# every result but summary.txt into all.tgz (a device run returns at most 8 files); DEADLINE=s
+# starts no stage after s seconds (the archive still gets made within a device call's limit).
 #   bash tests/gpu/run_all.sh "$OUT" [benchmark args, e.g. --quick]
 # On a copied checkout whose git metadata may be stale, give the commit yourself:
 #   CGCOMPILE_COMMIT=abc1234 bash tests/gpu/run_all.sh "$OUT"   (the tree digest is printed too)
@@ -33,6 +34,9 @@ rc=0
 run() {  # run STAGE LOG CMD...: record its exit code and last line
   local stage=$1 log=$2; shift 2
   case " $stages " in *" $stage "*) ;; *) return ;; esac
+  if [ -n "${DEADLINE:-}" ] && [ "$SECONDS" -gt "$DEADLINE" ]; then  # DEADLINE=s: start no more
+    echo "$stage: $log not run (past DEADLINE=$DEADLINE s)" >> "$out/summary.txt"; return
+  fi
   "$@" > "$out/$log" 2>&1
   local code=$?
   rc=$(( rc || code ))
@@ -200,13 +204,17 @@ for name in ("precompile", "capture-all"):
 # Dynamo trace for every size; and precompiled) against backed, the example Llama and KV rows
 # (STAGES=fastub, ~3.5 min; FASTUB_FAMILIES="hf-llama hf-qwen3": HF, batch and caches marked;
 # FASTUB_MARKINGS=unbacked for one marking)
-case " $stages " in *" fastub "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
+case " $stages " in *" fastub "*|*" loadab "*|*" hfub "*)
+  export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
+prime=()
+primes() {  # primes STAGE: the first selected run primes Python's bytecode, later ones read it
+  prime=(); case " $stages " in *" $1 "*) ;; *) return ;; esac
+  [ -n "${primed:-}" ] && prime=(--no-prime); primed=1
+}
 for family in ${FASTUB_FAMILIES:-llama rows}; do
   for marking in ${FASTUB_MARKINGS:-unbacked backed}; do
-    extra=(--phases cold)
-    [ "$marking" = unbacked ] && extra=(--unbacked --phases cold aot-cold aot-warm-local)
-    [ -n "${fastub_primed:-}" ] && extra+=(--no-prime)  # the first run primes the bytecode
-    fastub_primed=1
+    primes fastub; extra=("${prime[@]}" --phases cold)
+    [ "$marking" = unbacked ] && extra=("${prime[@]}" --unbacked --phases cold aot-cold aot-warm-local)
     case $family in hf-*) extra+=(--marked) ;; esac
     run fastub "cold-eager-nocudnn-$family-$marking.log" python benchmarks/cold_warm.py \
       --out "$out/fastub-$family-$marking" --family "$family" "${extra[@]}" --soak 50 \
@@ -215,9 +223,17 @@ for family in ${FASTUB_FAMILIES:-llama rows}; do
 done
 # not in the default stages: a precompiled warm load with its background step (Triton's key
 # hashed while the file unpickles) against one without, in turns (STAGES=loadab, ~2 min)
-extra=(); [ -n "${fastub_primed:-}" ] && extra=(--no-prime)
+primes loadab
 run loadab load-background-ab.log python benchmarks/cold_warm.py --out "$out/loadab" --soak 0 \
-  "${extra[@]}" --turns CGBENCH_LOAD_IN_TURN=1 --turns-phase aot-warm-local --rounds 2
+  "${prime[@]}" --turns CGBENCH_LOAD_IN_TURN=1 --turns-phase aot-warm-local --rounds 2
+# not in the default stages: Inductor (default options) cold on the HF families, batch and caches
+# marked unbacked: one Dynamo trace (STAGES=hfub, ~2 min)
+for family in hf-llama hf-qwen3; do
+  primes hfub
+  run hfub "cold-inductor-unbacked-$family.log" python benchmarks/cold_warm.py \
+    --out "$out/hfub-$family" --family "$family" --marked --unbacked "${prime[@]}" \
+    --soak 50 --phases cold
+done
 # not in the default stages: where a cold start with eager pieces goes, under cProfile (the
 # example Llama; the top of its first call and capture_all printed; STAGES=coldprof)
 run coldprof cold-eager-profile.log python benchmarks/cold_warm.py --out "$out/coldprof" \
