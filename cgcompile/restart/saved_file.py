@@ -96,8 +96,8 @@ def load(
 INDUCTOR_KEYS = "Triton key"
 """The load's background step that hashes Triton's files for Inductor's cache keys (~0.35 s on
 the GPU machine, mostly its compiler library in hashlib, which releases the GIL): the rebuild
-waits for it. Torch's own key is not: many small files, Python's loop holds the GIL (on CPU the
-load took 0.3 s longer with it in a thread)."""
+waits for it. Torch's own key is not: thousands of small files, whose loop holds the GIL (in a
+thread it gained nothing on the CPU: benchmarks/HISTORY.md)."""
 
 
 def _inductor_keys() -> Callable[[], object]:
