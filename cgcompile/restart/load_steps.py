@@ -97,6 +97,10 @@ def await_background(name: str) -> None:
             thread.join()
 
 
+_OURS = ("graph unpickle", "rebuild")
+"""Steps timed inside torch's loader, besides waits for background steps."""
+
+
 def inside_torch(steps: dict[str, float]) -> dict[str, float]:
     """`steps` with `torch's loader` less the parts of it cgcompile timed itself (`graph
     unpickle` and `rebuild` ran inside it), so the steps but `rebuild: pieces` (a part of
@@ -105,9 +109,6 @@ def inside_torch(steps: dict[str, float]) -> dict[str, float]:
     if "torch's loader" in steps:
         steps = {**steps, "torch's loader": max(steps["torch's loader"] - ours, 0.0)}
     return steps
-
-
-_OURS = ("graph unpickle", "rebuild")
 
 
 def describe(steps: dict[str, float]) -> str:

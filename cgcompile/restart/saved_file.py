@@ -75,7 +75,7 @@ def load(
     if differ:
         return _refuse(target, "it was saved with " + "; ".join(differ))
     if options.get("compiler", "inductor") == "inductor" and torch.cuda.is_initialized():
-        load_steps.in_background(INDUCTOR_KEYS, _inductor_keys())
+        load_steps.in_background(TRITON_KEY, _triton_key())
     try:
         with load_steps.step("unpickle"):
             saved = pickle.loads(payload)
@@ -93,14 +93,14 @@ def load(
     return functions, ""
 
 
-INDUCTOR_KEYS = "Triton key"
+TRITON_KEY = "Triton key"
 """The load's background step that hashes Triton's files for Inductor's cache keys (~0.35 s on
 the GPU machine, mostly its compiler library in hashlib, which releases the GIL): the rebuild
 waits for it. Torch's own key is not: thousands of small files, whose loop holds the GIL (in a
 thread it gained nothing on the CPU: benchmarks/HISTORY.md)."""
 
 
-def _inductor_keys() -> Callable[[], object]:
+def _triton_key() -> Callable[[], object]:
     from torch._inductor import codecache
 
     device = torch.cuda.current_device()  # the thread's own starts at 0
