@@ -10,7 +10,7 @@ A load (`saved_file.load`) runs, in seconds per step:
   `torch's loader` (the rest: Dynamo's bytecode and guards).
 Work a later step needs can start in a thread at the load's start (`in_background`: Triton's
 key for Inductor's caches, which hashes its files while the load unpickles); the step that needs
-it waits for it (`await_background`), timed as `NAME (waited)`.
+it waits for all of them (`await_background`), timed as `NAME (waited)`.
 
 The steps of the load under way are collected in a context variable, which `SavedGraph` adds to
 from inside torch's loader; outside a load nothing is collected.
@@ -48,8 +48,7 @@ def collecting() -> Iterator[dict[str, float]]:
     try:
         yield steps
     finally:
-        for name in list(_BACKGROUND.get() or ()):
-            await_background(name)  # no thread outlives its load
+        await_background()  # no thread outlives its load
         _BACKGROUND.reset(background)
         _STEPS.reset(token)
 
@@ -88,11 +87,12 @@ def in_background(name: str, work: Callable[[], object]) -> None:
     threads[name].start()
 
 
-def await_background(name: str) -> None:
-    """Wait for background step `name` of the load being collected, if it runs, timing the wait
-    as step `NAME (waited)`."""
-    thread = (_BACKGROUND.get() or {}).pop(name, None)
-    if thread is not None:
+def await_background() -> None:
+    """Wait for the background steps of the load being collected, timing each wait as step
+    `NAME (waited)`."""
+    threads = _BACKGROUND.get() or {}
+    while threads:
+        name, thread = threads.popitem()
         with step(f"{name} (waited)"):
             thread.join()
 

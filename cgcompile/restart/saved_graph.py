@@ -57,7 +57,6 @@ from cgcompile.passes.op_match import OpMatcher
 from cgcompile.passes.sdpa_masks import writes_first_arg
 from cgcompile.passes.split import generated_forward, split_graph
 from cgcompile.restart import load_steps
-from cgcompile.restart.saved_file import TRITON_KEY
 
 _DROPPED_META = ("source_fn_stack", "nn_module_stack")
 """Node metadata that holds module objects and classes; nothing in the backend reads it."""
@@ -110,7 +109,7 @@ class SavedGraph(SerializableCallable):
         with _slices_as_pytree_nodes(), load_steps.step("graph unpickle"):
             gm = GraphPickler.loads(state["graph"], fake_mode)
         examples = _examples(gm, state["facts"])
-        load_steps.await_background(TRITON_KEY)
+        load_steps.await_background()  # Triton's key (`saved_file`)
         with contextlib.ExitStack() as stack:
             stack.enter_context(load_steps.step("rebuild"))
             stack.enter_context(_compiling())

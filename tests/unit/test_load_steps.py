@@ -20,7 +20,7 @@ def test_background_work_runs_beside_the_load_and_its_wait_is_a_step_of_torchs_l
         with load_steps.step("torch's loader"):
             assert ran == []
             release.set()
-            load_steps.await_background("keys")
+            load_steps.await_background()
             assert ran == ["cgcompile-load-keys"]
     assert list(steps) == ["keys (waited)", "torch's loader"]
     inside = load_steps.inside_torch(steps)
@@ -30,7 +30,7 @@ def test_background_work_runs_beside_the_load_and_its_wait_is_a_step_of_torchs_l
 def test_outside_a_load_background_work_does_not_run():
     ran = []
     load_steps.in_background("keys", lambda: ran.append(1))
-    load_steps.await_background("keys")
+    load_steps.await_background()
     assert ran == []
 
 
@@ -41,7 +41,7 @@ def test_a_failure_in_the_background_is_logged_and_the_load_goes_on(caplog):
     with caplog.at_level(logging.DEBUG, logger="cgcompile.restart.load_steps"):
         with load_steps.collecting() as steps:
             load_steps.in_background("keys", work)
-            load_steps.await_background("keys")
+            load_steps.await_background()
     assert "background step 'keys' of a load failed" in caplog.text
     assert "no Triton here" in caplog.text
     assert "keys (waited)" in steps
