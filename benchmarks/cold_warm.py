@@ -34,8 +34,7 @@ benchmark's own inputs included); Dynamo's traces and its graph breaks by reason
     python benchmarks/cold_warm.py --out DIR --family hf-llama --marked   # HF, the batch marked
     python benchmarks/cold_warm.py --out DIR --phases cold --profile-first DIR  # pstats files
     python benchmarks/cold_warm.py --out DIR --turns TORCHINDUCTOR_COMPILE_THREADS=1 --soak 0  # A/B
-    #   --turns-phase aot-warm-local: the same A/B of precompiled warm loads (after one save);
-    #   --turns CGBENCH_LOAD_IN_TURN=1 there: a load without its background steps
+    #   --turns-phase aot-warm-local: the same A/B of precompiled warm loads (after one save)
 """
 
 from __future__ import annotations
@@ -64,7 +63,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cgcompile  # noqa: E402
 from benchmarks._families import NAMES, Family, build  # noqa: E402
 from benchmarks._timing import sync, timed_call  # noqa: E402
-from cgcompile.restart import load_steps  # noqa: E402
 
 PHASES = ("cold", "warm-local", "warm-file", "largest")
 AOT_PHASES = ("aot-cold", "aot-warm-local", "aot-warm-file")
@@ -81,8 +79,6 @@ def phase(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"phase": args.phase}
     if args.no_cudnn_sdp:
         torch.backends.cuda.enable_cudnn_sdp(False)
-    if os.environ.get("CGBENCH_LOAD_IN_TURN"):  # an A/B (--turns): a load's steps one by one
-        load_steps.in_background = lambda name, work: None
     if args.load:
         result["load_s"] = timed_call(lambda: cgcompile.load_compile_cache(args.load), device)[1]
     torch.manual_seed(0)

@@ -8,9 +8,6 @@ A load (`saved_file.load`) runs, in seconds per step:
   saved Dynamo graph, `SavedGraph`), `rebuild` (the backend on that graph: split, analyses,
   wrappers, and the pieces' Inductor compiles, every one a cache hit: `rebuild: pieces`), and
   `torch's loader` (the rest: Dynamo's bytecode and guards).
-Work a later step needs can start in a thread at the load's start (`in_background`: Triton's
-key for Inductor's caches, which hashes its files while the load unpickles); the step that needs
-it waits for all of them (`await_background`), timed as `NAME (waited)`.
 
 The steps of the load under way are collected in a context variable, which `SavedGraph` adds to
 from inside torch's loader; outside a load nothing is collected.
@@ -25,17 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-logger = logging.getLogger(__name__)
 _STEPS: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
     "cgcompile_load_steps", default=None
-)
-_BACKGROUND: contextvars.ContextVar[dict[str, threading.Thread] | None] = contextvars.ContextVar(
-    "cgcompile_load_background", default=None
 )
 
 
@@ -44,12 +35,9 @@ def collecting() -> Iterator[dict[str, float]]:
     """Collect the timed steps of the block into the dict it yields."""
     steps: dict[str, float] = {}
     token = _STEPS.set(steps)
-    background = _BACKGROUND.set({})
     try:
         yield steps
     finally:
-        await_background()  # no thread outlives its load
-        _BACKGROUND.reset(background)
         _STEPS.reset(token)
 
 
@@ -70,42 +58,11 @@ def add(name: str, seconds: float) -> None:
         steps[name] = steps.get(name, 0.0) + seconds
 
 
-def in_background(name: str, work: Callable[[], object]) -> None:
-    """Start `work` in a thread, for a later step of the load being collected (outside a load:
-    nothing). An exception in it is logged at DEBUG: the step that needs it does the work."""
-    threads = _BACKGROUND.get()
-    if threads is None or name in threads:
-        return
-
-    def run() -> None:
-        try:
-            work()
-        except Exception:
-            logger.debug("background step %r of a load failed", name, exc_info=True)
-
-    threads[name] = threading.Thread(target=run, name=f"cgcompile-load-{name}", daemon=True)
-    threads[name].start()
-
-
-def await_background() -> None:
-    """Wait for the background steps of the load being collected, timing each wait as step
-    `NAME (waited)`."""
-    threads = _BACKGROUND.get() or {}
-    while threads:
-        name, thread = threads.popitem()
-        with step(f"{name} (waited)"):
-            thread.join()
-
-
-_OURS = ("graph unpickle", "rebuild")
-"""Steps timed inside torch's loader, besides waits for background steps."""
-
-
 def inside_torch(steps: dict[str, float]) -> dict[str, float]:
     """`steps` with `torch's loader` less the parts of it cgcompile timed itself (`graph
     unpickle` and `rebuild` ran inside it), so the steps but `rebuild: pieces` (a part of
     `rebuild`) add up to the load."""
-    ours = sum(t for name, t in steps.items() if name in _OURS or name.endswith(" (waited)"))
+    ours = steps.get("graph unpickle", 0.0) + steps.get("rebuild", 0.0)
     if "torch's loader" in steps:
         steps = {**steps, "torch's loader": max(steps["torch's loader"] - ours, 0.0)}
     return steps

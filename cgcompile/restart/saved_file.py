@@ -74,8 +74,6 @@ def load(
         return _refuse(target, "it is not a precompiled cgcompile model")
     if differ:
         return _refuse(target, "it was saved with " + "; ".join(differ))
-    if options.get("compiler", "inductor") == "inductor" and torch.cuda.is_initialized():
-        load_steps.in_background(TRITON_KEY, _triton_key())
     try:
         with load_steps.step("unpickle"):
             saved = pickle.loads(payload)
@@ -91,25 +89,6 @@ def load(
         logger.debug("loading %s failed", target, exc_info=True)
         return _refuse(target, f"loading it failed with {type(exc).__name__}: {exc}")
     return functions, ""
-
-
-TRITON_KEY = "Triton key"
-"""The load's background step that hashes Triton's files for Inductor's cache keys (~0.35 s on
-the GPU machine, mostly its compiler library in hashlib, which releases the GIL): the rebuild
-waits for it. Torch's own key is not: thousands of small files, whose loop holds the GIL (in a
-thread it gained nothing on the CPU: benchmarks/HISTORY.md)."""
-
-
-def _triton_key() -> Callable[[], object]:
-    from torch._inductor import codecache
-
-    device = torch.cuda.current_device()  # the thread's own starts at 0
-
-    def compute() -> None:
-        with torch.cuda.device(device):
-            codecache.CacheBase.get_system()  # Triton's key and this process's device
-
-    return compute
 
 
 def _refuse(target: Path, why: str) -> tuple[None, str]:

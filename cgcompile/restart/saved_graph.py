@@ -109,7 +109,6 @@ class SavedGraph(SerializableCallable):
         with _slices_as_pytree_nodes(), load_steps.step("graph unpickle"):
             gm = GraphPickler.loads(state["graph"], fake_mode)
         examples = _examples(gm, state["facts"])
-        load_steps.await_background()  # Triton's key (`saved_file`)
         with contextlib.ExitStack() as stack:
             stack.enter_context(load_steps.step("rebuild"))
             stack.enter_context(_compiling())

@@ -204,7 +204,7 @@ for name in ("precompile", "capture-all"):
 # Dynamo trace for every size; and precompiled) against backed, the example Llama and KV rows
 # (STAGES=fastub, ~3.5 min; FASTUB_FAMILIES="hf-llama hf-qwen3": HF, batch and caches marked;
 # FASTUB_MARKINGS=unbacked for one marking)
-case " $stages " in *" fastub "*|*" loadab "*|*" hfub "*)
+case " $stages " in *" fastub "*|*" hfub "*)
   export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
 prime=()
 primes() {  # primes STAGE: the first selected run primes Python's bytecode, later ones read it
@@ -221,11 +221,6 @@ for family in ${FASTUB_FAMILIES:-llama rows}; do
       --no-cudnn-sdp --options '{"compiler": "eager"}'
   done
 done
-# not in the default stages: a precompiled warm load with its background step (Triton's key
-# hashed while the file unpickles) against one without, in turns (STAGES=loadab, ~2 min)
-primes loadab
-run loadab load-background-ab.log python benchmarks/cold_warm.py --out "$out/loadab" --soak 0 \
-  "${prime[@]}" --turns CGBENCH_LOAD_IN_TURN=1 --turns-phase aot-warm-local --rounds 2
 # not in the default stages: Inductor (default options) cold on the HF families, batch and caches
 # marked unbacked: one Dynamo trace (STAGES=hfub, ~2 min)
 for family in hf-llama hf-qwen3; do

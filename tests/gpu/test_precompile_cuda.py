@@ -27,8 +27,6 @@ def test_a_precompiled_model_serves_a_fresh_process_on_the_gpu(tmp_path):
     assert loaded["autograd_cache"] == [saved["autograd_cache"][1], 0]
     assert loaded["captured_by_capture_all"] == saved["captured_by_capture_all"] > 0
     assert_equals_eager(loaded)
-    # Triton's key was hashed in a thread while the file unpickled; the rebuild waited for it
-    assert list(loaded["load_steps"])[4:6] == ["graph unpickle", "Triton key (waited)"]
 
 
 def test_a_precompiled_hugging_face_llama_serves_a_fresh_process_on_the_gpu(tmp_path):
