@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import sympy
 import torch
 from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
@@ -30,6 +31,7 @@ from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     UnsupportedOperatorException,
+    is_fake,
 )
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -71,7 +73,9 @@ def find_effects(
     analysis see the same run (one fake run of a large graph costs about a second). Without
     `watch`, the run takes each symbolic size at its example value when every size has one
     (what is written and aliased does not depend on the sizes, and a run without symbols costs
-    a fraction), else, or where that run fails (a value read from data), it keeps the symbols."""
+    a fraction; an unbacked size, which has no hint, at the real example input's size when that
+    is 2 or more: at 0 or 1 a reshape may alias where larger sizes copy), else, or where that
+    run fails (a value read from data), it keeps the symbols."""
     if watch is None:
         concrete = _concrete_effects(gm, example_inputs)
         if concrete is not None:
@@ -124,7 +128,8 @@ def _concrete_effects(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Effe
     traced = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
     traced = [t if t is not None else real for t, real in zip(traced, example_inputs, strict=True)]
     try:
-        values = [_concrete(t) for t in traced]
+        unbacked = _unbacked_sizes(traced, example_inputs)
+        values = [_concrete(t, unbacked) for t in traced]
     except _NoHint:
         return None
     mode = torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True)
@@ -149,21 +154,40 @@ class _NoHint(Exception):
     pass
 
 
-def _concrete(value: Any) -> tuple[Any, Any]:
+def _concrete(value: Any, unbacked: dict[Any, int]) -> tuple[Any, Any]:
     """(shape, stride) of a tensor with every size at its example value; (value, None) for a
-    scalar, its example value if symbolic."""
+    scalar, its example value if symbolic. Unbacked symbols take their `unbacked` values."""
     if isinstance(value, torch.Tensor):
-        return tuple(map(_hint, value.shape)), tuple(map(_hint, value.stride()))
-    return _hint(value), None
+        shape, stride = value.shape, value.stride()
+        return tuple(_hint(s, unbacked) for s in shape), tuple(_hint(s, unbacked) for s in stride)
+    return _hint(value, unbacked), None
 
 
-def _hint(size: Any) -> Any:
-    if isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        hint = size.node.hint
-        if hint is None:
-            raise _NoHint
-        return hint
-    return size
+def _hint(size: Any, unbacked: dict[Any, int]) -> Any:
+    if not isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return size
+    if size.node.hint is not None:
+        return size.node.hint
+    expr = size.node.expr
+    if not expr.free_symbols <= unbacked.keys():
+        raise _NoHint
+    return int(expr.xreplace(unbacked))
+
+
+def _unbacked_sizes(traced: Sequence[Any], example_inputs: Sequence[Any]) -> dict[Any, int]:
+    """Unbacked symbols that are a dim of a tensor input, at that dim of the real input Dynamo
+    traced, where that is 2 or more (at 0 or 1 a reshape may alias where larger sizes copy)."""
+    sizes: dict[Any, int] = {}
+    for value, real in zip(traced, example_inputs, strict=True):
+        if not isinstance(value, torch.Tensor) or not isinstance(real, torch.Tensor):
+            continue
+        if is_fake(real) or real.dim() != value.dim():
+            continue
+        for size, n in zip(value.shape, real.shape, strict=True):
+            if isinstance(size, torch.SymInt) and size.node.hint is None and n >= 2:
+                if isinstance(size.node.expr, sympy.Symbol):
+                    sizes[size.node.expr] = n
+    return sizes
 
 
 _BATCH_NORMS = frozenset(

@@ -1,7 +1,8 @@
 """The effects run (`passes.mutation.find_effects`) at example sizes finds what the run with a
 symbolic batch finds: the inputs written in place (schema-marked or not) and the outputs that
-alias an input, on stateful models; a graph that reads a value from data takes the symbolic
-run."""
+alias an input, on stateful models, the batch backed or unbacked (at the real input's size); a
+graph that reads a value from data, or whose unbacked batch came with one row, takes the
+symbolic run."""
 
 from __future__ import annotations
 
@@ -38,51 +39,58 @@ def _graphs(model: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[tup
     return graphs
 
 
-def _llama() -> tuple[nn.Module, list[tuple[Any, ...]]]:
+def _llama(unbacked: bool) -> tuple[nn.Module, list[tuple[Any, ...]]]:
     cfg = LlamaConfig(num_layers=2, hidden=32, heads=2, ffn=64, vocab=64, cache_len=32)
     calls = []
     for n in (4, 1):
         tokens, positions = make_inputs(cfg, n, "cpu")
-        mark_batch(cfg, tokens, positions)
+        mark_batch(cfg, tokens, positions, unbacked=unbacked)
         calls.append((tokens, positions))
     return Llama(cfg).eval(), calls
 
 
-def _rows() -> tuple[nn.Module, list[tuple[Any, ...]]]:
+def _rows(unbacked: bool) -> tuple[nn.Module, list[tuple[Any, ...]]]:
     cfg = RowsConfig(hidden=32, heads=2, ffn=64, vocab=64, cache_len=8)
     calls = []
     for n in (4, 1):
         tokens, pos = rows_inputs(cfg, n, "cpu", n)
-        cgcompile.mark_dynamic_batch(tokens, pos)
+        cgcompile.mark_dynamic_batch(tokens, pos, unbacked=unbacked)
         calls.append((tokens, pos))
     return RowsLlama(cfg).eval(), calls
 
 
-def _cache_step() -> tuple[nn.Module, list[tuple[Any, ...]]]:
+def _cache_step(unbacked: bool) -> tuple[nn.Module, list[tuple[Any, ...]]]:
     x, slot = torch.randn(4, 8), torch.arange(4)
-    cgcompile.mark_dynamic_batch(x, slot)
+    cgcompile.mark_dynamic_batch(x, slot, unbacked=unbacked)
     return CacheStep().eval(), [(x, slot)]
 
 
-def _aliases_and_writes() -> tuple[Callable[..., Any], list[tuple[Any, ...]]]:
+def _aliases_and_writes(unbacked: bool) -> tuple[Callable[..., Any], list[tuple[Any, ...]]]:
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         y.mul_(2)
         return x.view(-1), x[1:], y.t(), x * 2
 
     x, y = torch.randn(4, 3), torch.randn(3, 5)
-    cgcompile.mark_dynamic_batch(x)
+    cgcompile.mark_dynamic_batch(x, unbacked=unbacked)
     return step, [(x, y)]
 
 
-def _batch_norm() -> tuple[nn.Module, list[tuple[Any, ...]]]:
+def _batch_norm(unbacked: bool) -> tuple[nn.Module, list[tuple[Any, ...]]]:
     x = torch.randn(6, 4)
-    cgcompile.mark_dynamic_batch(x)
+    cgcompile.mark_dynamic_batch(x, unbacked=unbacked)
     return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).train(), [(x,)]
 
 
-@pytest.mark.parametrize("build", [_llama, _rows, _cache_step, _aliases_and_writes, _batch_norm])
-def test_the_run_at_example_sizes_finds_the_symbolic_runs_effects(build):
-    model, calls = build()
+_STATEFUL = [_llama, _rows, _cache_step, _aliases_and_writes]
+
+
+# train-mode batch norm with an unbacked batch: Dynamo hands the backend no graph
+@pytest.mark.parametrize(
+    ("build", "unbacked"),
+    [(b, False) for b in [*_STATEFUL, _batch_norm]] + [(b, True) for b in _STATEFUL],
+)
+def test_the_run_at_example_sizes_finds_the_symbolic_runs_effects(build, unbacked):
+    model, calls = build(unbacked)
     graphs = _graphs(model, calls)
     assert graphs
     for gm, example_inputs in graphs:
@@ -105,3 +113,19 @@ def test_a_value_read_from_data_takes_the_symbolic_run():
         assert _concrete_effects(gm, example_inputs) is None
         (written,) = find_effects(gm, example_inputs).mutated
         assert example_inputs[written].dim() == 2  # x, not the scale
+
+
+def test_an_unbacked_batch_of_one_row_takes_the_symbolic_run():
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        y.add_(1)
+        return x.reshape(-1)  # a view at one row or contiguous rows, else a copy
+
+    x, y = torch.randn(1, 3), torch.randn(3)
+    cgcompile.mark_dynamic_batch(x, unbacked=True)
+    (gm, example_inputs), *_ = _graphs(step, [(x, y)])
+    assert _concrete_effects(gm, example_inputs) is None
+    assert find_effects(gm, example_inputs).mutated == (_position(example_inputs, y),)
+
+
+def _position(example_inputs: list[Any], tensor: torch.Tensor) -> int:
+    return next(i for i, t in enumerate(example_inputs) if t is tensor)
