@@ -78,7 +78,7 @@ def build(
     unbacked: bool = False,
     marked: bool = False,
 ) -> Family:
-    """The family `name`; `quick`: a tiny CPU build (`quick_layers` layers of the Llama);
+    """The family `name`; `quick`: a tiny CPU build (`quick_layers` layers; the rows step 2);
     `unbacked`: the batch marked unbacked (one trace for every size, batch 1 included; the
     Hugging Face families only with `marked`); `marked`: the Hugging Face families' batch
     marked, the static cache's tensors with it (sizes >= 2 share a trace)."""
@@ -87,7 +87,7 @@ def build(
     if name == "rows":
         return _rows(device, dtype, quick, unbacked)
     if name.startswith("hf-"):
-        return _hf(name, device, dtype, quick, marked, unbacked)
+        return _hf(name, device, dtype, quick, quick_layers, marked, unbacked)
     raise ValueError(f"unknown family {name!r}; one of {NAMES}")
 
 
@@ -116,14 +116,20 @@ def _rows(device: str, dtype: torch.dtype, quick: bool, unbacked: bool) -> Famil
 
 
 def _hf(
-    name: str, device: str, dtype: torch.dtype, quick: bool, marked: bool, unbacked: bool
+    name: str,
+    device: str,
+    dtype: torch.dtype,
+    quick: bool,
+    layers: int,
+    marked: bool,
+    unbacked: bool,
 ) -> Family:
     import transformers
 
     arch = {"hf-llama": "Llama", "hf-qwen3": "Qwen3"}[name]
     size = dict(HF_SIZE)
     if quick:
-        size |= {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+        size |= {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": layers}
         size |= {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
     config = getattr(transformers, f"{arch}Config")(**size)
     torch.manual_seed(0)

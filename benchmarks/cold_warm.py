@@ -244,7 +244,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--quick", action="store_true", help="tiny model on CPU")
-    parser.add_argument("--quick-layers", type=int, default=2, help="the --quick Llama's layers")
+    parser.add_argument("--quick-layers", type=int, default=2, help="the --quick model's layers")
     parser.add_argument("--soak", type=int, default=2000)
     parser.add_argument(
         "--phases", nargs="+", choices=PHASES + AOT_PHASES, default=list(PHASES + AOT_PHASES)

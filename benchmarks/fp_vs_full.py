@@ -6,9 +6,10 @@ compiled as `FULL`, `FULL_AND_PIECEWISE` (its full graphs replay the pieces, the
 batch 1 and 8; then, in `--rounds` rounds whose peer order rotates, each peer replays `--steps`
 back-to-back decode steps on fixed random inputs, timed with CUDA events (no host syncs inside
 the loop). Printed per batch size: each peer's median ms per step and the median over rounds of
-its ratio to FULL in the same round.
+its ratio to FULL in the same round. `--kernels`: then each peer's kernels per step under
+torch's profiler, and the kernel names whose time per step differs most from FULL's.
 
-    python benchmarks/fp_vs_full.py --out DIR --family rows
+    python benchmarks/fp_vs_full.py --out DIR --family rows [--kernels]
     python benchmarks/fp_vs_full.py --out DIR --family llama --quick    # tiny model, CPU
 """
 
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._families import NAMES, build  # noqa: E402
 from benchmarks._timing import _loop_ms as loop_ms  # noqa: E402
-from benchmarks._timing import sync  # noqa: E402
+from benchmarks._timing import gpu_time_per_step_ms, sync  # noqa: E402
 
 PEERS = {
     "FULL": {"cudagraph_mode": "FULL"},
@@ -44,6 +45,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="tiny model, simulated on CPU")
+    parser.add_argument("--kernels", action="store_true", help="profile each peer's kernels")
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.quick
     device = torch.device("cuda" if cuda else "cpu")
@@ -85,9 +87,34 @@ def main() -> int:
             result["rows"].append(row)
             ms, ratio = row["ms"], row["ratio_to_full"]
             print(f"{args.family:9} batch {b}: {peer:26} {ms:.4f} ms  x{ratio:.3f}")
+    if args.kernels:
+        with torch.inference_mode():
+            result["kernels"] = kernel_differences(steps, device)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"fp-vs-full-{args.family}.json").write_text(json.dumps(result, indent=1))
     return 0
+
+
+def kernel_differences(steps: dict[tuple[str, int], Any], device: torch.device) -> dict[str, Any]:
+    """Per peer and batch: GPU ms and kernels per step, and the kernel names (all of them, us
+    per step) whose time differs most from FULL's, printed."""
+    found: dict[str, Any] = {}
+    for (peer, b), step in steps.items():
+        found[f"{peer} {b}"] = gpu_time_per_step_ms(step, device, steps=10, top=1000)
+    for peer, b in steps:
+        mine, full = found[f"{peer} {b}"], found[f"FULL {b}"]
+        print(
+            f"  batch {b} {peer:26} GPU {mine['median_ms']:.4f} ms, "
+            f"{mine['kernels_per_step']:.0f} kernels"
+        )
+        if peer == "FULL":
+            continue
+        ours, theirs = mine.get("top_kernels_us", {}), full.get("top_kernels_us", {})
+        delta = {k: ours.get(k, 0.0) - theirs.get(k, 0.0) for k in {*ours, *theirs}}
+        for name, us in sorted(delta.items(), key=lambda kv: -abs(kv[1]))[:8]:
+            calls = mine.get("top_kernel_calls", {}).get(name, 0)
+            print(f"    {us:+8.2f} us  ({calls:g} calls)  {name}")
+    return found
 
 
 if __name__ == "__main__":

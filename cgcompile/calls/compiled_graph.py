@@ -16,7 +16,7 @@ Per call (automatic mode, the default):
    (`outputs`: batch outputs sliced to n; a held output is moved before the next replay, a
    held view or detached alias pins graph memory: calls run without graphs until dropped).
 A call of a captured key whose instance is known and whose last outputs are free is the steady
-state (`steady`): it runs the key's prebuilt `ReadyCall`, skipping 3 and the wrappers.
+state (`steady_state`): it runs the key's prebuilt `ReadyCall`, skipping 3 and the wrappers.
 Batches no graph fits run eagerly, unpadded, on the caller's tensors (`fallbacks` says why,
 once per kind). If the caller already set a forward context (manual, vLLM-style), it is
 honoured: no dispatch, padding or copies; the module instance is checked by the identity of
@@ -34,14 +34,10 @@ row (`passes.one_row`).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import threading
 from collections.abc import Callable
-from sys import getrefcount
 from typing import Any
-
-import torch
 
 from cgcompile.calls import bulk_capture
 from cgcompile.calls.background import Turns, covering_key
@@ -49,7 +45,6 @@ from cgcompile.calls.cuda_graph_wrapper import CUDAGraphWrapper
 from cgcompile.calls.dispatcher import CudagraphDispatcher
 from cgcompile.calls.fallbacks import FallbackLog
 from cgcompile.calls.forward_context import (
-    BATCH_HINT,
     FORWARD_CONTEXT,
     ForwardContext,
     current_batch_hint,
@@ -60,9 +55,9 @@ from cgcompile.calls.input_plan import InputPlan
 from cgcompile.calls.instances import InstanceSlots, weak_method
 from cgcompile.calls.outputs import Outputs
 from cgcompile.calls.ownership import ThreadOwner
-from cgcompile.calls.parameter_events import EVENTS
 from cgcompile.calls.ready import ReadyCall, ready_call
 from cgcompile.calls.report import GraphReport, live_report
+from cgcompile.calls.steady_state import MISS, RETURNED, SteadyState
 from cgcompile.calls.variants import SizeVariants
 from cgcompile.config import CUDAGraphMode
 from cgcompile.counters import counters
@@ -71,18 +66,9 @@ from cgcompile.graphs import GraphRuntime
 
 logger = logging.getLogger(__name__)
 NONE = CUDAGraphMode.NONE
-MISS = object()
-"""What `CompiledGraph.steady` returns for a call that is not a steady state."""
-_use_count = torch._C._storage_Use_Count
-
-RETURNED: contextvars.ContextVar[list[tuple[CompiledGraph, Any]] | None] = contextvars.ContextVar(
-    "cgcompile_returned", default=None
-)
-"""Where set, each graph call of this thread (or task) appends (graph, outputs): how
-`trusted` learns what a model call's graphs returned."""
 
 
-class CompiledGraph:
+class CompiledGraph(SteadyState):
     """Runs one Dynamo graph with the CUDA-graph mode it resolved to."""
 
     def __init__(
@@ -153,85 +139,6 @@ class CompiledGraph:
             returned.append((self, out))
         return out
 
-    def steady(self, args: Any, any_ready: bool = True) -> Any:
-        """This call's outputs if it is a key's steady state (graphs verified, instance known,
-        no output of the last call held), else `MISS`. In one frame, inlined: `known_slot`,
-        `batch_size`, the usual `still_held`, a full `ReadyCall` with `hand_out_prebuilt` (one
-        `Handed.handed` per output): it runs right after Dynamo's guard check, caches cold,
-        where every frame and object costs. Reads `args` only at `steady_reads`: a caller may
-        pass a mapping of those (`PaddedBatchOne`, `any_ready=False`: a key whose `ReadyCall`
-        is not `inline` is a MISS, as its call reads every argument, and so is every call while
-        `trusted` watches one, to see the graph in `RETURNED`)."""
-        if (
-            self.owner.ident != threading.get_ident()
-            or FORWARD_CONTEXT.get() is not None
-            or not self.uses_graphs
-            or self.capture_turns is not None
-            or (not any_ready and RETURNED.get() is not None)  # `trusted` sees `__call__`s
-        ):
-            return MISS
-        instances = self.instances
-        reps = instances.reps
-        if reps is None:
-            slot = instances.known_slot(args)  # a graph without parameters or buffers
-        else:
-            first, last = args[reps[0]], args[reps[1]]
-            slot = instances.by_reps.get((id(first), id(last)))
-            if slot is not None:
-                instance = instances.slots[slot]
-                if (
-                    instance.checked != EVENTS.count  # a parameter event since its full check
-                    or first.data_ptr() != instance.first_address  # moved: `.data`, `.to()`
-                    or last.data_ptr() != instance.last_address
-                ):
-                    slot = None
-        if slot is None or (self.plan.in_place and not instances.same_in_place(slot, args)):
-            return MISS
-        batch = self.plan.batch_tensors
-        if not batch:
-            return MISS
-        n = args[batch[0]].shape[0]
-        for i in batch:
-            if args[i].shape[0] != n:
-                return MISS
-        kind = self._kind_by_shape if BATCH_HINT.get() is None else self._batch_kind(n)
-        ready = self._ready.get((slot, n, kind, self._variants.key(args) if self._sized else ()))
-        if ready is None:
-            return MISS
-        outputs = ready.outputs
-        if outputs.last_held or outputs.pinned:
-            if outputs.still_held() and not outputs.release():
-                return MISS
-        else:
-            for h in outputs.last_handed:  # `Handed.held`
-                if getrefcount(h.tensor) > h.refs or _use_count(h.cdata) > h.users:
-                    if not outputs.release():
-                        return MISS
-                    break
-        if not ready.inline or outputs.copies:
-            return ready(args) if any_ready else MISS
-        torch._foreach_copy_(ready.targets, ready.gather(args))
-        for rows in ready.marked:
-            if rows.dirty != n:  # pad rows an earlier call wrote, or note n data rows
-                rows.written(n)
-        ready.launch()
-        out = list(ready.output)
-        handed = ready.prebuilt
-        for h in handed:  # `Outputs.hand_out_prebuilt`
-            out[h.position] = h.handed()
-        outputs.last_held, outputs.last_handed = (), handed
-        outputs.held_in_graph_memory = True
-        return out
-
-    def steady_reads(self) -> tuple[int, ...] | None:
-        """The argument positions `steady` reads; None until the first call chose them."""
-        reps = self.instances.reps
-        if reps is None and self.instances.has_statics:
-            return None
-        plan = self.plan
-        reads = (*(reps or ()), *plan.in_place, *plan.batch_tensors, *plan.copied_tensors)
-        return tuple(sorted({*reads, *self._variants.positions, *self._variants.host}))
-
     def _call(self, args: tuple[Any, ...]) -> Any:
         """Every call but the steady state: the checks that may run it without graphs, then
         `_first_calls`, or the steady state after an instance's full check."""
@@ -263,22 +170,6 @@ class CompiledGraph:
         if ready is not None and (not ready.outputs.still_held() or ready.outputs.release()):
             return ready(args)  # the steady state, after a full check of the instance
         return self._first_calls(args, slot, n, kind, key)
-
-    def _batch_kind(self, n: int) -> tuple[bool, bool] | None:
-        """(uniform decode, LoRA) of this call, from `batch_hint` or, without one, from the
-        inputs' shape (`plan.decode_by_shape`); None when the hint forbids runtime modes."""
-        hint = current_batch_hint()
-        if hint is None:
-            return self._kind_by_shape
-        if hint.invalid_modes:
-            return None
-        uniform = hint.uniform_decode
-        if uniform is None:
-            if hint.num_reqs is None:
-                uniform = self.plan.decode_by_shape
-            else:
-                uniform = n == hint.num_reqs * self.dispatcher.uniform_decode_query_len
-        return bool(uniform), hint.has_lora
 
     def _first_calls(
         self, args: tuple[Any, ...], slot: int, n: int, kind: Any, key: tuple[Any, ...]

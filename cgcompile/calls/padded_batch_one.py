@@ -22,8 +22,9 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from cgcompile.calls.compiled_graph import MISS, CompiledGraph
+from cgcompile.calls.compiled_graph import CompiledGraph
 from cgcompile.calls.forward_context import FORWARD_CONTEXT
+from cgcompile.calls.steady_state import MISS
 from cgcompile.counters import counters
 
 logger = logging.getLogger(__name__)

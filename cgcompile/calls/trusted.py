@@ -59,7 +59,7 @@ from typing import Any
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-from cgcompile.calls.compiled_graph import RETURNED, CompiledGraph
+from cgcompile.calls.compiled_graph import CompiledGraph
 from cgcompile.calls.forward_context import FORWARD_CONTEXT
 from cgcompile.calls.frame_binding import (
     SIZE,
@@ -72,6 +72,7 @@ from cgcompile.calls.frame_binding import (
     without_module_tensors,
 )
 from cgcompile.calls.parameter_events import EVENTS
+from cgcompile.calls.steady_state import RETURNED
 from cgcompile.errors import CGCompileError
 
 logger = logging.getLogger(__name__)

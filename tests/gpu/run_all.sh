@@ -158,9 +158,10 @@ run startup cold-warm-old-grid.log python benchmarks/cold_warm.py --out "$out/ol
 run startup cold-warm-eager.log python benchmarks/cold_warm.py --out "$out/eager" --soak 0 \
   --no-prime --phases cold aot-cold aot-warm-local --options '{"compiler": "eager"}'
 # not in the default stages: FULL_AND_PIECEWISE's decode steps against FULL's, one process per
-# model family, peers in turns (STAGES=fpfull, ~4 min)
+# model family, peers in turns, then each peer's kernels against FULL's (STAGES=fpfull, ~4 min)
 for family in ${FPFULL_FAMILIES:-llama rows hf-llama hf-qwen3}; do
-  run fpfull "fp-vs-full-$family.log" python benchmarks/fp_vs_full.py --out "$out" --family "$family"
+  run fpfull "fp-vs-full-$family.log" python benchmarks/fp_vs_full.py --out "$out" --family "$family" \
+    --kernels
 done
 # not in the default stages: calls served while capture_all(background=True) runs, its GPU
 # tests first, each family against a control process (STAGES=background, ~8 min)

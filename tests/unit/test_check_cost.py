@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import cgcompile
-from cgcompile.calls.compiled_graph import MISS, CompiledGraph
+from cgcompile.calls.compiled_graph import CompiledGraph
 from cgcompile.calls.instances import InstanceSlots
+from cgcompile.calls.steady_state import MISS
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
 from tests.support.state import compile_model
 

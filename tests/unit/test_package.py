@@ -41,7 +41,11 @@ def _public_callables() -> list[tuple[str, object]]:
             found.append((name, obj))
         if not inspect.isclass(obj):
             continue
-        for attr, member in vars(obj).items():
+        members: dict[str, object] = {}  # its own and what it inherits from cgcompile classes
+        for cls in reversed(obj.__mro__):
+            if cls.__module__.startswith("cgcompile"):
+                members |= vars(cls)
+        for attr, member in members.items():
             if isinstance(member, (classmethod, staticmethod)):
                 member = member.__func__
             elif isinstance(member, property):
