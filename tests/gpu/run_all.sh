@@ -95,6 +95,7 @@ run loop decode-loop.log python benchmarks/decode_loop.py --out "$out" --piecewi
 # (STAGES=loop3): a process per family and depth, compiles side by side, timed phases in turns
 # (benchmarks/_turns.py); the opt-ins wrap the default peer's compiled model (--share). Five
 # cells took 9.7 min on an H100; LOOP3_CELLS="hf-llama:64x1024" runs the sixth in a call of its own
+# (its compiles and batch 1 filled 420 s at LOOP3_ROUNDS=4: LOOP3_BATCHES=8 for the other half)
 case " $stages " in *" loop3 "*)
   export CGBENCH_TURNS="${CGBENCH_TURNS:-$(mktemp -d)}"
   pids=()
@@ -104,7 +105,7 @@ case " $stages " in *" loop3 "*)
     run loop3 "decode-loop-$family-$model.log" timeout "${LOOP3_TIMEOUT:-540}" \
       python benchmarks/decode_loop.py --out "$out/loop3" --family "$family" --models "$model" \
       --peers hand reduce-overhead cg/FULL cg/FULL/guarded cg/FULL/trusted --share \
-      --rounds "${LOOP3_ROUNDS:-6}" --steps 32 & pids+=($!)
+      --rounds "${LOOP3_ROUNDS:-6}" --steps 32 --batches ${LOOP3_BATCHES:-1 8} & pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done ;;
 esac
