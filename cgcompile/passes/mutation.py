@@ -169,9 +169,12 @@ def _hint(size: Any, unbacked: dict[Any, int]) -> Any:
     if size.node.hint is not None:
         return size.node.hint
     expr = size.node.expr
-    if not expr.free_symbols <= unbacked.keys():
-        raise _NoHint
-    return int(expr.xreplace(unbacked))
+    if isinstance(size, torch.SymInt) and expr.free_symbols <= unbacked.keys():
+        try:
+            return int(expr.xreplace(unbacked))
+        except (TypeError, ValueError):  # an expression sympy does not evaluate to a number
+            pass
+    raise _NoHint
 
 
 def _unbacked_sizes(traced: Sequence[Any], example_inputs: Sequence[Any]) -> dict[Any, int]:
