@@ -10,8 +10,7 @@ in-place inputs are where they were, the batch tensors agree on n, a `ReadyCall`
 (instance, n, batch kind, sizes), and the last call's outputs are no longer held. Anything else
 is a `MISS`. Nothing here allocates, logs or grows with the parameter count.
 
-    out = graph.steady(args)
-    if out is MISS: out = graph._call(args)
+    out = graph.steady(args)     # the outputs, or MISS: `CompiledGraph.__call__` goes on
 """
 
 from __future__ import annotations
