@@ -93,8 +93,8 @@ def plan_captures(graph: Capturable) -> list[CaptureItem]:
             threading.current_thread().name,
         )
         return []
-    examples = [(slot, graph.instances.example(slot)) for slot in graph.instances.live()]
-    examples = [(slot, args) for slot, args in examples if args is not None]
+    instances = graph.instances
+    examples = [(slot, args) for slot in instances.live() for args in instances.examples(slot)]
     if not examples and graph.instances.remembered:
         logger.debug("graph %d: capture_all skips it: its module instances were freed", graph_id)
         return []

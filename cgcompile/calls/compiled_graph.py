@@ -103,15 +103,19 @@ class CompiledGraph(SteadyState):
             plan.in_place,
             weak_method(self._drop_instance),
             weak_method(self._borrow),
+            plan.batch_state,
         )
         self._fallbacks = FallbackLog(report.graph_id, plan, dispatcher, self.owner)
         self._variants = SizeVariants(
-            [i for i in plan.int_args if i not in plan.size_indices], plan.host_scalars
+            [i for i in plan.int_args if i not in plan.size_indices],
+            plan.host_scalars,
+            plan.batch_state,
         )
         self._outputs: dict[int, Outputs] = {}
         """Per module instance (slot): its graphs have a memory pool of their own."""
-        self._sized = bool(self._variants.positions or self._variants.host)
-        """Whether non-batch ints or host scalars are part of the key."""
+        variants = self._variants
+        self._sized = bool(variants.positions or variants.host or variants.state)
+        """Whether non-batch ints, host scalars or state addresses are part of the key."""
         self._kind_by_shape = (plan.decode_by_shape, False)
         """`_batch_kind` without a hint."""
         self._ready: dict[tuple[Any, ...], ReadyCall] = {}

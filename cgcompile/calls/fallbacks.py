@@ -101,11 +101,14 @@ def _variants(log: FallbackLog, n: int | None) -> str:
     plan = log.plan
     positions = [i for i in plan.int_args if i not in plan.size_indices] + [*plan.host_scalars]
     names = [plan.names[i] for i in positions]
+    caches = [plan.names[i] for i in plan.batch_state[:1]]
+    state = f" and the addresses of its batch-sized caches ({caches[0]}, ...)" if caches else ""
     return (
-        f"its int inputs and host scalars {names} took more than {MAX_SIZE_VARIANTS} distinct "
-        f"values, and each value needs graphs of its own; further values run without graphs. "
-        f"Pass a value that changes every call (a position, a step, a temperature) as a CUDA "
-        f"tensor, so it is data, not part of the graph"
+        f"its int inputs and host scalars {names}{state} took more than {MAX_SIZE_VARIANTS} "
+        f"distinct values, and each value needs graphs of its own; further values run without "
+        f"graphs. Pass a value that changes every call (a position, a step, a temperature) as a "
+        f"CUDA tensor, so it is data, not part of the graph; reuse a cache (reset it) rather "
+        f"than allocating a new one per call"
     )
 
 

@@ -69,8 +69,9 @@ class InputPlan:
     so a misread batch still replays an exact graph."""
     batch_state: tuple[int, ...] = ()
     """Static tensors whose dim 0 is the batch (a cache allocated per batch size, as Hugging
-    Face's `StaticCache`): a graph serves only calls of their size, and `capture_all` captures
-    only the key of each instance's size."""
+    Face's `StaticCache`): a graph serves only calls of their size and addresses (`shape_key`:
+    another cache of that size gets graphs of its own), and `capture_all` captures the keys of
+    each size a call brought."""
     one_row: str | None = None
     """Why a call of one row could differ from eager's (`passes.one_row`: a graph whose batch
     admits 1 and that squeezes a batch dim); such calls raise. None: one row is as any."""
@@ -91,10 +92,13 @@ class InputPlan:
         return [self.names[i] for i in self.mutated if i in persistent]
 
     def shape_key(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        """The sizes and host scalars that, with the batch descriptor, pick a graph."""
+        """The sizes, host scalars and state addresses (`batch_state`) that, with the batch
+        descriptor, pick a graph."""
         key = tuple([args[i] for i in self.int_args])
         if self.host_scalars:
             key += tuple([args[i].item() for i in self.host_scalars])
+        if self.batch_state:
+            key += tuple([args[i].data_ptr() for i in self.batch_state])
         return key
 
     def fits_state(self, args: Sequence[Any], rows: int) -> bool:

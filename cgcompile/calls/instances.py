@@ -8,7 +8,8 @@ static tensors (0 for the first; at most `MAX_INSTANCES` live ones), and the slo
 every graph key. A slot holds its tensors only through weak references: when one of them is
 freed (the model was deleted), the slot is dropped, `on_drop(slot)` frees its graphs and a
 later instance reuses the number. Per slot it also keeps the addresses of the inputs the graph
-writes in place and the example call `capture_all` records with.
+writes in place and the example calls `capture_all` records with (one per size of a state
+allocated per batch size, as Hugging Face's `StaticCache`: each serves only its own size).
 
 The check costs O(1) per call in the steady state, whatever the model's size: two representative
 tensors, the first and the last parameter among the static inputs (buffers, such as rotary
@@ -67,10 +68,11 @@ class Instance:
     in full (`CompiledGraph.steady` reads these, inlined)."""
     in_place_ptrs: tuple[int, ...] | None = None
     """Addresses of the inputs written in place, at this instance's first call."""
-    example: list[Any] | None = None
-    """Arguments of its first call (then of its first call with graphs, whose batch tensors
-    are static buffers, not the caller's); tensors it does not own held weakly."""
-    example_has_graphs: bool = False
+    examples: dict[int | None, list[Any]] = dataclasses.field(default_factory=dict)
+    """Per size of its batch-sized state (None without one): the arguments of its first call
+    (then of its first call with graphs, whose batch tensors are static buffers, not the
+    caller's); tensors it does not own held weakly."""
+    examples_with_graphs: set[int | None] = dataclasses.field(default_factory=set)
 
 
 class InstanceSlots:
@@ -82,9 +84,12 @@ class InstanceSlots:
         in_place: Sequence[int],
         on_drop: Callable[[int], None],
         borrow: Callable[[Iterable[torch.Tensor]], None],
+        batch_state: Sequence[int] = (),
     ) -> None:
         self._static = tuple(static)
         self._in_place = tuple(in_place)
+        self._state = batch_state[0] if batch_state else None
+        """A static tensor sized by the batch: its size names an example call."""
         # a tuple even for one index: that one is repeated
         self._get = operator.itemgetter(*static, *static[:1]) if static else lambda args: ()
         self.slots: list[Instance | None] = []
@@ -186,15 +191,19 @@ class InstanceSlots:
         return ptrs == instance.in_place_ptrs
 
     def remember(self, slot: int, args: Sequence[Any], with_graphs: bool) -> None:
-        """Keep arguments for `capture_all`: the first call's, replaced once by the first
-        call's with graphs; the model's and in-place tensors weakly."""
+        """Keep arguments for `capture_all`, per size of the batch-sized state: the first
+        call's, replaced once by the first call's with graphs; the model's and in-place
+        tensors weakly."""
         instance = self.slots[slot]
-        if instance is None or instance.example_has_graphs:
+        size = None if self._state is None else args[self._state].shape[0]
+        if instance is None or size in instance.examples_with_graphs:
             return
-        if instance.example is None or with_graphs:
+        if size not in instance.examples or with_graphs:
             weak = set(self._static) | set(self._in_place)
-            instance.example = [weakref.ref(a) if i in weak else a for i, a in enumerate(args)]
-            instance.example_has_graphs = with_graphs
+            example = [weakref.ref(a) if i in weak else a for i, a in enumerate(args)]
+            instance.examples[size] = example
+            if with_graphs:
+                instance.examples_with_graphs.add(size)
             self._remembered = True
 
     @property
@@ -202,13 +211,15 @@ class InstanceSlots:
         """Whether an example call was ever kept (its instance may since have been freed)."""
         return self._remembered
 
-    def example(self, slot: int) -> list[Any] | None:
-        """The remembered arguments, or None if there are none or one was freed."""
+    def examples(self, slot: int) -> list[list[Any]]:
+        """The remembered arguments, one list per state size; none where one was freed."""
         instance = self.slots[slot]
-        if instance is None or instance.example is None:
-            return None
-        args = [a() if isinstance(a, weakref.ref) else a for a in instance.example]
-        return None if any(a is None for a in args) else args
+        found = []
+        for example in instance.examples.values() if instance is not None else ():
+            args = [a() if isinstance(a, weakref.ref) else a for a in example]
+            if all(a is not None for a in args):
+                found.append(args)
+        return found
 
     def _add(self, ids: tuple[int, ...], statics: tuple[Any, ...]) -> int | None:
         free = [slot for slot, instance in enumerate(self.slots) if instance is None]

@@ -136,7 +136,8 @@ class SteadyState:
             return None
         plan = self.plan
         reads = (*(reps or ()), *plan.in_place, *plan.batch_tensors, *plan.copied_tensors)
-        return tuple(sorted({*reads, *self._variants.positions, *self._variants.host}))
+        variants = self._variants
+        return tuple(sorted({*reads, *variants.positions, *variants.host, *variants.state}))
 
     def _batch_kind(self, n: int) -> tuple[bool, bool] | None:
         """(uniform decode, LoRA) of this call, from `batch_hint` or, without one, from the

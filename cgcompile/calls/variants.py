@@ -4,7 +4,10 @@ Dynamo turns an int argument that changes between calls into a symbolic size (a 
 length, or a Llama-style `start_pos`), and every distinct value is a graph key of its own. The
 batch size is bounded by the capture sizes; these are not. Nor are the values of host scalars
 (`InputPlan.host_scalars`: a float Dynamo passes as a CPU tensor, read on the host while a CUDA
-graph is captured, so each value needs graphs of its own). `SizeVariants` admits the first
+graph is captured, so each value needs graphs of its own), nor the addresses of the state sized
+by the batch (`InputPlan.batch_state`: a cache per batch size passed at a static address, whose
+address a graph bakes in: another cache of the same size needs graphs of its own, or the graph
+would write the first one). `SizeVariants` admits the first
 `MAX_SIZE_VARIANTS` distinct tuples of such values to graphs; calls with further values run
 without graphs (the backend warns once, naming the inputs).
 
@@ -24,18 +27,24 @@ MAX_SIZE_VARIANTS = 8
 class SizeVariants:
     """The tuples of non-batch int inputs that have (or may get) graphs."""
 
-    def __init__(self, positions: Sequence[int], host: Sequence[int] = ()) -> None:
+    def __init__(
+        self, positions: Sequence[int], host: Sequence[int] = (), state: Sequence[int] = ()
+    ) -> None:
         self.positions = tuple(positions)
         self.host = tuple(host)
+        self.state = tuple(state)
         self._seen: set[tuple[Any, ...]] = set()
 
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        """This call's values of the non-batch ints and host scalars."""
-        if not (self.positions or self.host):
+        """This call's values of the non-batch ints and host scalars, and its state's
+        addresses."""
+        if not (self.positions or self.host or self.state):
             return ()
         variant = tuple([args[i] for i in self.positions])
         if self.host:
             variant += tuple([args[i].item() for i in self.host])
+        if self.state:
+            variant += tuple([args[i].data_ptr() for i in self.state])
         return variant
 
     def admits(self, variant: tuple[Any, ...]) -> bool:

@@ -251,3 +251,71 @@ def test_a_cache_sized_by_the_batch_is_never_padded(mode, caplog):
     assert dynamic.report.num_eager_fallbacks == 2  # the calls of 3 rows
     unpadded = [m for m in caplog.messages if "padding cannot grow it" in m]
     assert len(unpadded) == 1, caplog.messages
+
+
+class _CacheBetweenLayers(torch.nn.Module):
+    """A decode step whose cache, sized by the batch and passed at a static address, sits
+    between two layers' parameters (the first and last static inputs are parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cache.index_copy_(1, pos, self.a(x)[:, None])
+        return self.b(cache.sum(1))
+
+
+def _caches(sizes: dict[str, int]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Named caches of these batch sizes at static addresses, and eager's copies."""
+    ours = {name: torch.zeros(n, 5, 4) for name, n in sizes.items()}
+    for cache in ours.values():
+        torch._dynamo.mark_static_address(cache)
+    return ours, {name: c.clone() for name, c in ours.items()}
+
+
+def _cache_calls(compiled: Any, model: Any, order: list[tuple[str, int]], ours: Any, theirs: Any):
+    """Calls of `compiled` and `model` on the caches named in `order`; yields whether each
+    call's output and every cache equal eager's (a cache freed would drop its graphs)."""
+    for step, (name, pos) in enumerate(order):
+        x = torch.randn(ours[name].shape[0], 4, generator=torch.Generator().manual_seed(step))
+        cgcompile.mark_dynamic_batch(x, ours[name])
+        got = compiled(x, ours[name], torch.tensor([pos]))
+        want = model(x, theirs[name], torch.tensor([pos]))
+        yield torch.equal(got, want) and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])
+def test_another_cache_of_the_same_size_gets_graphs_of_its_own(mode):
+    """A graph bakes in its cache's address: a second cache of the same batch size (a new
+    `StaticCache` per request) must not replay the first one's graph, which would write it."""
+    model = _CacheBetweenLayers().eval()
+    options = {"cudagraph_mode": mode, "graph_runtime": "simulated", "compiler": "eager"}
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    order = [("A", 0), ("A", 1), ("A", 2), ("B", 0), ("B", 1), ("A", 3), ("B", 2), ("A", 4)]
+    caches = _caches({"A": 4, "B": 4})
+    with torch.no_grad():
+        assert all(_cache_calls(compiled, model, order, *caches))
+    (graph,) = cgcompile.compiled_graphs()
+    captured = [key for w in graph.wrappers for key in w.entries]
+    assert len({key[1] for key in captured}) == 2  # a shape key per cache
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])
+def test_capture_all_captures_every_cache_size_a_call_brought(mode):
+    """One call per cache size first (a `StaticCache` per batch size, one module instance):
+    `capture_all` captures each size's keys, and calls after it capture nothing."""
+    model = _CacheBetweenLayers().eval()
+    options = {"cudagraph_mode": mode, "graph_runtime": "simulated", "compiler": "eager"}
+    options["cudagraph_capture_sizes"] = [2, 4, 8]
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    caches = _caches({"two": 2, "four": 4, "eight": 8})
+    first = [("eight", 0), ("two", 0), ("four", 0)]
+    later = [("two", 1), ("four", 1), ("eight", 1), ("four", 2), ("two", 2)]
+    with torch.no_grad():
+        calls = _cache_calls(compiled, model, first + later, *caches)
+        assert all(next(calls) for _ in first)
+        assert cgcompile.capture_all(progress=False) > 0
+        before = cgcompile.counters.num_cudagraph_captured
+        assert all(calls)
+    assert cgcompile.counters.num_cudagraph_captured == before
