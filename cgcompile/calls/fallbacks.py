@@ -22,7 +22,7 @@ from cgcompile.calls.dispatcher import CudagraphDispatcher
 from cgcompile.calls.input_plan import InputPlan
 from cgcompile.calls.instances import MAX_INSTANCES
 from cgcompile.calls.ownership import ThreadOwner
-from cgcompile.calls.variants import MAX_SIZE_VARIANTS
+from cgcompile.calls.variants import MAX_SIZE_VARIANTS, MAX_STATE_VARIANTS
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +102,17 @@ def _variants(log: FallbackLog, n: int | None) -> str:
     positions = [i for i in plan.int_args if i not in plan.size_indices] + [*plan.host_scalars]
     names = [plan.names[i] for i in positions]
     caches = [plan.names[i] for i in plan.batch_state[:1]]
-    state = f" and the addresses of its batch-sized caches ({caches[0]}, ...)" if caches else ""
+    state = (
+        f", or its batch-sized caches ({caches[0]}, ...) more than {MAX_STATE_VARIANTS} "
+        f"address sets (reuse a cache, reset in place, rather than making one per call)"
+        if caches
+        else ""
+    )
     return (
-        f"its int inputs and host scalars {names}{state} took more than {MAX_SIZE_VARIANTS} "
-        f"distinct values, and each value needs graphs of its own; further values run without "
-        f"graphs. Pass a value that changes every call (a position, a step, a temperature) as a "
-        f"CUDA tensor, so it is data, not part of the graph; reuse a cache (reset it) rather "
-        f"than allocating a new one per call"
+        f"its int inputs and host scalars {names} took more than {MAX_SIZE_VARIANTS} distinct "
+        f"values{state}, and each needs graphs of its own; further ones run without graphs. "
+        f"Pass a value that changes every call (a position, a step, a temperature) as a CUDA "
+        f"tensor, so it is data, not part of the graph"
     )
 
 

@@ -8,8 +8,9 @@ graph is captured, so each value needs graphs of its own), nor the addresses of 
 by the batch (`InputPlan.batch_state`: a cache per batch size passed at a static address, whose
 address a graph bakes in: another cache of the same size needs graphs of its own, or the graph
 would write the first one). `SizeVariants` admits the first
-`MAX_SIZE_VARIANTS` distinct tuples of such values to graphs; calls with further values run
-without graphs (the backend warns once, naming the inputs).
+`MAX_SIZE_VARIANTS` distinct tuples of int and scalar values, and the first
+`MAX_STATE_VARIANTS` distinct state addresses (a set per cache size), to graphs; calls with
+further values run without graphs (the backend warns once, naming the inputs).
 
     variants = SizeVariants(positions=(5,), host=())    # e.g. L['start_pos']
     variants.admits(variants.key(args))                 # False from the 9th distinct value on
@@ -22,6 +23,9 @@ from typing import Any
 
 MAX_SIZE_VARIANTS = 8
 """Distinct values of a graph's non-batch int inputs that get graphs."""
+MAX_STATE_VARIANTS = 64
+"""Distinct address sets of a graph's batch-sized state that get graphs (one per cache size,
+and more for further caches of a size)."""
 
 
 class SizeVariants:
@@ -33,7 +37,8 @@ class SizeVariants:
         self.positions = tuple(positions)
         self.host = tuple(host)
         self.state = tuple(state)
-        self._seen: set[tuple[Any, ...]] = set()
+        self._values: set[tuple[Any, ...]] = set()
+        self._states: set[tuple[Any, ...]] = set()
 
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """This call's values of the non-batch ints and host scalars, and its state's
@@ -49,11 +54,12 @@ class SizeVariants:
 
     def admits(self, variant: tuple[Any, ...]) -> bool:
         """Whether these values (`key`) have graphs, or may get them (adding them if so)."""
-        if not variant:
-            return True
-        if variant in self._seen:
-            return True
-        if len(self._seen) >= MAX_SIZE_VARIANTS:
+        cut = len(variant) - len(self.state)
+        values, state = variant[:cut], variant[cut:]
+        if values and values not in self._values and len(self._values) >= MAX_SIZE_VARIANTS:
             return False
-        self._seen.add(variant)
+        if state and state not in self._states and len(self._states) >= MAX_STATE_VARIANTS:
+            return False
+        self._values.add(values)
+        self._states.add(state)
         return True

@@ -11,6 +11,7 @@ import torch
 
 import cgcompile
 import tests.support.silly  # noqa: F401  (registers silly::attention_columns)
+from cgcompile.calls.variants import SizeVariants
 from tests.support.models import MODES
 from tests.support.state import (
     LAYOUTS,
@@ -319,3 +320,22 @@ def test_capture_all_captures_every_cache_size_a_call_brought(mode):
         before = cgcompile.counters.num_cudagraph_captured
         assert all(calls)
     assert cgcompile.counters.num_cudagraph_captured == before
+
+
+def test_cache_address_sets_are_bounded_apart_from_int_values():
+    """At most 8 values of the non-batch ints and 64 address sets of the batch-sized caches
+    (a set per cache size, more for further caches of a size) get graphs, each on its own."""
+
+    class Addressed:
+        def __init__(self, address: int) -> None:
+            self.address = address
+
+        def data_ptr(self) -> int:
+            return self.address
+
+    variants = SizeVariants(positions=(0,), state=(1,))
+    keys = [variants.key([v, Addressed(8 * v + s)]) for v in range(8) for s in range(8)]
+    assert all(variants.admits(key) for key in keys)  # 8 values, 64 address sets
+    assert variants.admits(variants.key([3, Addressed(5)]))  # seen parts, a new pairing
+    assert not variants.admits(variants.key([8, Addressed(0)]))  # a ninth value
+    assert not variants.admits(variants.key([0, Addressed(64)]))  # a 65th address set
