@@ -29,7 +29,7 @@ and more for further caches of a size)."""
 
 
 class SizeVariants:
-    """The tuples of non-batch int inputs that have (or may get) graphs."""
+    """The values of non-batch int inputs and the state addresses that have (or may get) graphs."""
 
     def __init__(
         self, positions: Sequence[int], host: Sequence[int] = (), state: Sequence[int] = ()
