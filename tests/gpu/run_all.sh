@@ -110,6 +110,9 @@ case " $stages " in *" loop3 "*)
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done ;;
 esac
 run quickstart quickstart.log python examples/quickstart.py
+# not in the default stages: Inductor's pieces back in a fresh process, through its caches or
+# from bundled artifacts (STAGES=pieceload, ~1 min)
+run pieceload piece-load.log python benchmarks/piece_load.py --out "$out"
 run bench benchmark.log python benchmarks/decode.py --out "$out" "$@"
 run hf hf-generate.log python benchmarks/hf_generate.py --out "$out"
 run profile profile.log python benchmarks/profile_step.py
