@@ -48,6 +48,7 @@ import json
 import os
 import pstats
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -381,8 +382,19 @@ def _run(
     wall = time.perf_counter() - began
     lines = proc.stdout.strip().splitlines()
     if proc.returncode or not lines:
-        return {"phase": name, "error": proc.stderr[-1500:], "process_s": wall}
+        return {"phase": name, "error": _error_text(proc.stderr), "process_s": wall}
     return {**json.loads(lines[-1]), "process_s": wall}
+
+
+def _error_text(stderr: str) -> str:
+    """A failed phase's stderr, short: the lines that name an exception (the head of a long
+    Dynamo error is where it says what failed), then its last 1500 characters."""
+    named = [
+        line[:400]
+        for line in stderr.splitlines()
+        if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Failed|Unsupported)\b", line)
+    ]
+    return "\n".join([*named[:10], "...", stderr[-1500:]]) if named else stderr[-1500:]
 
 
 def _line(row: dict[str, Any]) -> str:

@@ -120,9 +120,20 @@ def main() -> None:
     rows = []
     for name in ["save"] + ["hit", "bundle"] * args.rounds:
         proc = subprocess.run(
-            [sys.executable, __file__, "--phase", name, "--device", args.device,
-             "--folder", str(folder)],
-            env=env, capture_output=True, text=True, check=False,
+            [
+                sys.executable,
+                __file__,
+                "--phase",
+                name,
+                "--device",
+                args.device,
+                "--folder",
+                str(folder),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         line = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else None
         row = json.loads(line) if line else {"phase": name, "error": proc.stderr[-2000:]}
@@ -132,7 +143,9 @@ def main() -> None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "piece-load.json").write_text(json.dumps(rows, indent=1))
     for name in ("hit", "bundle"):
-        wall = sorted(r.get("phase s, with imports", float("nan")) for r in rows if r["phase"] == name)
+        wall = sorted(
+            r.get("phase s, with imports", float("nan")) for r in rows if r["phase"] == name
+        )
         print(f"{name}: phase s with imports {wall}")
 
 

@@ -197,6 +197,12 @@ for family in hf-llama hf-qwen3; do
   run fast4 "cold-inductor-$family.log" python benchmarks/cold_warm.py --out "$out/$family" \
     --family "$family" --marked "${extra[@]}" --soak 0 --phases cold
 done
+# not in the default stages: Inductor on the HF families alone, batch marked (STAGES=hfcold, ~2 min)
+for family in hf-llama hf-qwen3; do
+  extra=(); [ "$family" = hf-qwen3 ] && extra=(--no-prime)
+  run hfcold "cold-inductor-$family.log" python benchmarks/cold_warm.py --out "$out/$family" \
+    --family "$family" --marked "${extra[@]}" --soak 50 --phases cold
+done
 # not in the default stages: where a warm restart's load goes, under cProfile (the example Llama
 # precompiled, cold then warm on the same caches; the top of each profile printed; STAGES=warmprof)
 run warmprof cold-warm-warmprof.log python benchmarks/cold_warm.py --out "$out/warmprof" \
