@@ -6,7 +6,7 @@ every batch size. Those arguments are Dynamo's own fake values, which the split 
 each piece's placeholders (`meta["example_value"]`); only when a placeholder lacks one (a node
 a pass added without it) does it run the stitching graph on fake inputs with an
 `fx.Interpreter` to find them, a run that costs seconds on a large model. Splitting pieces stay
-eager. Pieces with the same structure (identical layers) share one compiled artifact: N
+eager; with `compiler="eager"` every piece is its generated forward, built without arguments. Pieces with the same structure (identical layers) share one compiled artifact: N
 layers cost one compile, not N.
 
     compiled = compile_pieces(split, example_inputs, compiler="inductor")
@@ -216,8 +216,12 @@ def compile_pieces(
     batch_exprs: frozenset[Any] = frozenset(),
 ) -> dict[str, PieceRunner]:
     """Compile every capturable piece; returns piece name -> runner."""
-    fake_mode = torch._guards.detect_fake_mode(example_inputs)
     pieces = _Pieces(split.split_gm, compiler)
+    if compiler == "eager":  # a piece's generated forward needs no arguments to be built
+        for item in split.capturable:
+            pieces.compile(item.name, [])
+        return pieces.runners
+    fake_mode = torch._guards.detect_fake_mode(example_inputs)
     fake_args = [_fake(a, fake_mode) for a in example_inputs]
     recorded = {item.name: recorded_args(item, fake_args, fake_mode) for item in split.capturable}
     with fake_mode, enable_python_dispatcher():
