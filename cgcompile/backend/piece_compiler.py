@@ -6,8 +6,9 @@ every batch size. Those arguments are Dynamo's own fake values, which the split 
 each piece's placeholders (`meta["example_value"]`); only when a placeholder lacks one (a node
 a pass added without it) does it run the stitching graph on fake inputs with an
 `fx.Interpreter` to find them, a run that costs seconds on a large model. Splitting pieces stay
-eager; with `compiler="eager"` every piece is its generated forward, built without arguments. Pieces with the same structure (identical layers) share one compiled artifact: N
-layers cost one compile, not N.
+eager; with `compiler="eager"` every piece is its generated forward, built without arguments.
+Pieces with the same structure (identical layers) share one compiled artifact: N layers cost
+one compile, not N.
 
     compiled = compile_pieces(split, example_inputs, compiler="inductor")
     compiled["submod_0"](*args)
