@@ -111,7 +111,7 @@ case " $stages " in *" loop3 "*)
 esac
 run quickstart quickstart.log python examples/quickstart.py
 # not in the default stages: Inductor's pieces back in a fresh process, through its caches or
-# from bundled artifacts (STAGES=pieceload, ~1 min)
+# from bundled artifacts (STAGES=pieceload, ~2 min)
 run pieceload piece-load.log python benchmarks/piece_load.py --out "$out"
 run bench benchmark.log python benchmarks/decode.py --out "$out" "$@"
 run hf hf-generate.log python benchmarks/hf_generate.py --out "$out"
