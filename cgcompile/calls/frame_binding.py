@@ -49,6 +49,9 @@ class Binding:
     last_address: int = 0
     """Their `data_ptr` at binding: found elsewhere (`p.data = t`, `model.half()`,
     `.to(...)`), calls go through the compiled model, whose check drops the moved graphs."""
+    state: tuple[int, ...] = ()
+    """Argument positions of the state sized by the batch (`InputPlan.batch_state`), whose
+    addresses are part of the graph key: another cache of a size replays its own graphs."""
     returns: str | None = None
     """How the forward's return is made from the graph's outputs: 'first', 'tuple', 'list'."""
     entry: Any = None

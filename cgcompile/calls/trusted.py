@@ -14,8 +14,10 @@ object and so Dynamo's cache).
 What both check per call, falling back to the compiled model (which recompiles, or recaptures,
 if need be, and runs a call from a thread that does not own the graphs eagerly): the thread, no
 forward context set by the caller (manual mode: its mode and descriptor decide), positional
-arguments only, as many as at binding; each tensor argument's dtype and rank; grad mode; and, in
-O(1) whatever the model's size, what the compiled model's own instance check sees (`instances`):
+arguments only, as many as at binding; each tensor argument's dtype and rank; grad mode; the
+addresses of the state sized by the batch that the caller passes (a cache per batch size: each
+cache replays graphs of its own, as in the default call); and, in O(1) whatever the model's
+size, what the compiled model's own instance check sees (`instances`):
 no parameter event since binding (a parameter, buffer or submodule assigned to any module:
 `model.w = nn.Parameter(...)`, `load_state_dict(assign=True)`; a parameter's old storage freed:
 `p.data = t` on any, `model.half()`, `.to(dtype or device)`) and the graph's two representative
@@ -34,9 +36,10 @@ event reports. `trusted` checks nothing more (the promise): not `p.data = t` whi
 is held elsewhere, writes that bypass the module (`module._parameters[name] = t`), the model's
 Python attributes and hooks, global flags, tensor arguments' devices and non-batch sizes. Both
 refuse, with one WARNING, and then always call the compiled model: a forward with graph breaks
-or non-batch int inputs, keyword arguments, one that returns anything but a graph output or a
-tuple or list of them (Python work after the graph would be skipped, e.g. a Hugging Face
-`ModelOutput`), and a call that ran no graph of backend='cudagraph_modes'.
+or non-batch int inputs, or that picks state sized by the batch itself (a cache held by the
+model, which only the forward knows per call), keyword arguments, one that returns anything but
+a graph output or a tuple or list of them (Python work after the graph would be skipped, e.g. a
+Hugging Face `ModelOutput`), and a call that ran no graph of backend='cudagraph_modes'.
 
 Why the default call does not do this itself (torch 2.9-2.14; issue 41): a backend can neither
 change the code Dynamo runs before its graph nor filter its guards (`torch.compile` pops
@@ -141,7 +144,9 @@ class TrustedCall:
             return self._through_dynamo(args, kwargs)
         if binding.guards is not None and not self._guards_pass(binding.guards, args):
             return self._through_dynamo(args, kwargs)
-        ready = graph._ready.get((binding.slot, n, graph._batch_kind(n), ()))
+        # the addresses of the state sized by the batch (caches the caller passes) pick a graph
+        variant = tuple([args[i].data_ptr() for i in binding.state]) if binding.state else ()
+        ready = graph._ready.get((binding.slot, n, graph._batch_kind(n), variant))
         if ready is None or (ready.outputs.still_held() and not ready.outputs.release()):
             return self._through_dynamo(args, kwargs)
         if ready.graph is not None:  # FULL: only the caller's tensors are read
@@ -225,7 +230,7 @@ class TrustedCall:
         raise graph_break(self._function)
 
     def _binding(self, graph: CompiledGraph, args: tuple[Any, ...]) -> Binding:
-        if graph._sized:
+        if graph._variants.positions or graph._variants.host:
             raise CGCompileError(
                 "cgcompile.trusted: the graph has int inputs other than the batch size (or host "
                 "scalars), whose values Dynamo's guards would check; pass them as tensors"
@@ -253,8 +258,16 @@ class TrustedCall:
             raise CGCompileError(
                 "cgcompile.trusted: the graph has no batch input the caller passes"
             )
+        passed = dict(user)
+        if any(i not in passed for i in graph._variants.state):
+            raise CGCompileError(
+                "cgcompile.trusted: the graph writes state sized by the batch that the caller "
+                "does not pass (a cache the forward picks per batch size); pass it as an argument "
+                "or compile a graph per size"
+            )
         self._batch_arg = batch_arg
         binding = Binding(graph, slot, tuple(user), batch_arg, template, checks, EVENTS.count)
+        binding.state = tuple(passed[i] for i in graph._variants.state)
         reps = graph.instances.reps
         if reps is not None:
             binding.first, binding.last = template[reps[0]], template[reps[1]]

@@ -339,3 +339,64 @@ def test_cache_address_sets_are_bounded_apart_from_int_values():
     assert variants.admits(variants.key([3, Addressed(5)]))  # seen parts, a new pairing
     assert not variants.admits(variants.key([8, Addressed(0)]))  # a ninth value
     assert not variants.admits(variants.key([0, Addressed(64)]))  # a 65th address set
+
+
+@pytest.mark.parametrize("wrap", [cgcompile.trusted, cgcompile.guarded])
+def test_trusted_and_guarded_replay_each_cache_its_own_graph(wrap):
+    """`trusted` and `guarded` bind a graph key, which holds the cache's address: calls that
+    alternate two caches of one batch size through them equal eager's, caches included."""
+    model = _CacheBetweenLayers().eval()
+    options = {"cudagraph_mode": "FULL", "graph_runtime": "simulated", "compiler": "eager"}
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    caches = _caches({"A": 4, "B": 4})
+    warm = [("A", 0), ("B", 0), ("A", 1), ("B", 1)]
+    later = [("A", 2), ("B", 2), ("B", 3), ("A", 3), ("A", 4), ("B", 4)]
+    with torch.no_grad():
+        assert all(_cache_calls(compiled, model, warm, *caches))
+        fast = wrap(compiled)
+        assert all(_cache_calls(fast, model, later, *caches))
+        assert fast.refused is None
+        assert fast.calls_through_dynamo == 2  # one per cache, to bind; the rest replay
+
+
+class _Store:
+    """Holds a cache outside the module's parameters and buffers (as a `StaticCache` does)."""
+
+    def __init__(self, rows: int) -> None:
+        self.cache = torch.zeros(rows, 5, 4)
+        torch._dynamo.mark_static_address(self.cache)
+
+
+class _OwnCache(torch.nn.Module):
+    """A decode step writing a cache it holds, sized by the batch (its dim 0 marked)."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.store = _Store(rows)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)[:, None]  # x first: the batch's size comes from the caller's tensor
+        cache = self.store.cache
+        cache.index_copy_(1, pos, h)
+        return cache.sum(1)
+
+
+def test_trusted_refuses_state_sized_by_the_batch_it_is_not_passed(caplog):
+    """State sized by the batch that the forward reads from the module, not from the caller,
+    cannot key a graph without running the forward: `trusted` refuses it, naming the fix, and
+    every call still equals eager's."""
+    model = _OwnCache(4).eval()
+    eager = _OwnCache(4).eval()
+    eager.load_state_dict(model.state_dict())
+    options = {"cudagraph_mode": "FULL", "graph_runtime": "simulated", "compiler": "eager"}
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    fast = cgcompile.trusted(compiled)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="cgcompile"):
+        for pos in range(4):
+            x = torch.randn(4, 4)
+            cgcompile.mark_dynamic_batch(x, model.store.cache)
+            fn = compiled if pos < 2 else fast
+            assert torch.equal(fn(x, torch.tensor([pos])), eager(x, torch.tensor([pos])))
+            assert torch.equal(model.store.cache, eager.store.cache)
+    assert "does not pass" in (fast.refused or ""), fast.refused
