@@ -356,7 +356,7 @@ def test_trusted_and_guarded_replay_each_cache_its_own_graph(wrap):
         fast = wrap(compiled)
         assert all(_cache_calls(fast, model, later, *caches))
         assert fast.refused is None
-        assert fast.calls_through_dynamo == 2  # one per cache, to bind; the rest replay
+        assert fast.calls_through_dynamo == 2  # A's to bind, B's first replay; the rest direct
 
 
 class _Store:
