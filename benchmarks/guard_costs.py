@@ -12,7 +12,7 @@ compiled peer's cache entry of the same `forward`), `--rounds` times in alternat
 GPU machine's host is noisy in bursts: compare a cell's rounds). Per process: the median over
 `--calls` calls, each timed alone with the device synchronised before it, of the compiled
 model's call, of its guard check (`guard_manager.check` on the call's frame locals) right after
-a call of the model, as a call meets it, and repeated alone (warm: it reads 1.5-3.5x less), and
+a call of the model, as a call meets it, and repeated alone (warm caches: it reads less), and
 of its `CompiledGraph` called with the arguments Dynamo passes (cgcompile's share, replay
 included). A Hugging Face model is called through `_step_models.HFStep` (tensors in, logits
 out: the decode step a user compiles; called with keywords, `guarded` and `trusted` refuse it).
@@ -176,7 +176,7 @@ def child(family: str, layers: int, variant: str, calls: int, cuda: bool) -> dic
             "tensors": sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers()),
             "call_us": median_us(lambda: step(compiled)),
             # timed right after a call of the model, as a call runs it (caches as the call
-            # leaves them: 1.5-3.5x the check repeated alone on the development CPU)
+            # leaves them; repeated alone, warm, the check reads less)
             "guards_us": median_us(lambda: manager.check(f_locals), lambda: step(compiled)),
             "guards_alone_us": median_us(lambda: manager.check(f_locals)),
             "own_us": 0.0,
