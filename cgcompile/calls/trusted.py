@@ -144,7 +144,7 @@ class TrustedCall:
             return self._through_dynamo(args, kwargs)
         if binding.guards is not None and not self._guards_pass(binding.guards, args):
             return self._through_dynamo(args, kwargs)
-        # the addresses of the state sized by the batch (caches the caller passes) pick a graph
+        # `SizeVariants.key` of a graph whose only variants are the caches the caller passes
         variant = tuple([args[i].data_ptr() for i in binding.state]) if binding.state else ()
         ready = graph._ready.get((binding.slot, n, graph._batch_kind(n), variant))
         if ready is None or (ready.outputs.still_held() and not ready.outputs.release()):

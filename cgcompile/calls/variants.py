@@ -7,10 +7,10 @@ batch size is bounded by the capture sizes; these are not. Nor are the values of
 graph is captured, so each value needs graphs of its own), nor the addresses of the state sized
 by the batch (`InputPlan.batch_state`: a cache per batch size passed at a static address, whose
 address a graph bakes in: another cache of the same size needs graphs of its own, or the graph
-would write the first one). `SizeVariants` admits the first
-`MAX_SIZE_VARIANTS` distinct tuples of int and scalar values, and the first
-`MAX_STATE_VARIANTS` distinct state addresses (a set per cache size), to graphs; calls with
-further values run without graphs (the backend warns once, naming the inputs).
+would write the first one). `SizeVariants` admits the first `MAX_SIZE_VARIANTS` distinct tuples
+of int and scalar values, and the first `MAX_STATE_VARIANTS` distinct state addresses (a set per
+cache size), to graphs; calls with further values run without graphs (the backend warns once,
+naming the inputs).
 
     variants = SizeVariants(positions=(5,), host=())    # e.g. L['start_pos']
     variants.admits(variants.key(args))                 # False from the 9th distinct value on
