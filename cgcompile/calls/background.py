@@ -15,8 +15,9 @@ Steps:
    of its kind, else a PIECEWISE one; keys go largest first, so after the first key nearly
    every call replays); only where none fits, or padding is refused, it runs as it would
    without the thread (warm-up, lazy capture);
-3. at the end the graphs lose their lock (calls take the lock-free path again) and the handle
-   reports graphs captured, keys and seconds; an error of the thread is logged at once and
+3. at the end the graphs lose their lock (calls take the lock-free path again), the handle
+   reports graphs captured, keys and seconds, and the thread runs `then` (what
+   `live_graphs.after_capture_all` registered); an error of the thread is logged at once and
    raised again by `wait()`, never lost. A key whose capture fails is left to lazy capture,
    with one WARNING, as in `capture_all()`.
 
@@ -31,7 +32,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -66,7 +67,7 @@ class Turns:
 class BackgroundCapture:
     """A running `capture_all(background=True)`: progress, the time it took, its error."""
 
-    def __init__(self, graphs: list[Any]) -> None:
+    def __init__(self, graphs: list[Any], then: list[Callable[[], None]] | None = None) -> None:
         self.keys_done = 0
         self.graphs_captured = 0
         """Graphs recorded while the thread ran (calls' own lazy captures included)."""
@@ -78,6 +79,7 @@ class BackgroundCapture:
         """Keys planned over every graph (module instances x keys)."""
         self._turns = Turns()
         self._stream = _current_stream(graphs)
+        self._then = then or []
         self._inference = torch.is_inference_mode_enabled()
         """The caller's inference mode, thread-local in torch: the thread runs under it too,
         as the caller's tensors may be inference tensors."""
@@ -134,6 +136,9 @@ class BackgroundCapture:
             self.total_keys,
             self.seconds,
         )
+        if self.error is None:
+            for callback in self._then:
+                callback()
 
     def _capture_keys(self) -> None:
         """Every planned key, each under the turns; then the graphs lose their lock."""

@@ -3,12 +3,14 @@
 The backend registers each `CompiledGraph` it builds (`backend.pipeline`), held weakly: a graph
 goes with its compiled model. `compiled_graphs()` lists them for inspection and reports;
 `capture_all()` captures every graph their dispatchers list, in the foreground or on a
-background thread (`background`).
+background thread (`background`), then runs once what `after_capture_all` registered (the
+precompiled file takes its kernels' tuning, `restart.saved_file.add_tuning`).
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Literal, overload
 
 from cgcompile.calls import bulk_capture
@@ -17,6 +19,7 @@ from cgcompile.calls.compiled_graph import CompiledGraph
 from cgcompile.errors import CGCompileError
 
 _live: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
+_after_capture: list[Callable[[], None]] = []
 
 
 def register(graph: CompiledGraph) -> None:
@@ -26,8 +29,21 @@ def register(graph: CompiledGraph) -> None:
 
 def forget_all() -> None:
     """Forget every graph (tests: graphs of earlier tests live until the collector frees their
-    cycles)."""
+    cycles) and every callback `after_capture_all` holds."""
     _live.clear()
+    _after_capture.clear()
+
+
+def after_capture_all(callback: Callable[[], None]) -> None:
+    """Run `callback` once, when the next `capture_all` has captured every key (in the
+    background: on its thread, after the last key; not if it failed)."""
+    _after_capture.append(callback)
+
+
+def _take_callbacks() -> list[Callable[[], None]]:
+    taken = list(_after_capture)
+    _after_capture.clear()
+    return taken
 
 
 def compiled_graphs() -> list[CompiledGraph]:
@@ -67,6 +83,9 @@ def capture_all(progress: bool = True, background: bool = False) -> int | Backgr
                 f"graph {busy[0].report_id} is being captured in the background already; "
                 f"wait() for that capture_all first"
             )
-        return BackgroundCapture(graphs)
+        return BackgroundCapture(graphs, then=_take_callbacks())
     with bulk_capture.frozen_heap():  # one collection for every graph
-        return sum(graph.capture_all(progress) for graph in graphs)
+        captured = sum(graph.capture_all(progress) for graph in graphs)
+    for callback in _take_callbacks():
+        callback()
+    return captured

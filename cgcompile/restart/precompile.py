@@ -7,7 +7,9 @@ positional arguments as a tuple, or its keyword arguments as a dict) is compiled
 with torch's AOT compile (torch >= 2.10: Dynamo's bytecode and the guards that can cross
 processes, `restart.portable`; one `SavedGraph` per example that no earlier example's
 compile serves: with an unbacked batch, one for every size) and the file is written, with
-this process's Inductor artifacts.
+this process's Inductor artifacts. The first `capture_all()` after the save adds the tuning of
+the Triton kernels that ran (`saved_file.add_tuning`), so a loading process picks the saver's
+kernel configs without timing them.
 
 Steps of a load (`restart.saved_file`):
 1. read the header and compare it with this process: cgcompile, torch and Python versions, the
@@ -50,6 +52,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 
 from cgcompile import torch_features
+from cgcompile.calls import live_graphs
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import CGCompileError, ConfigError, ConfigTypeError
 from cgcompile.options import TORCH_COMPILE_KEYS
@@ -224,6 +227,8 @@ def _compile_and_save(
         # what pickling raises for what it cannot save (a class defined in a function: torch's
         # guards name the model's class), besides the file system's errors
         logger.warning("not saved to %s: %s; the next process compiles again", target, exc)
+    else:  # the kernels tune on their first run: the file takes their picks after it
+        live_graphs.after_capture_all(lambda: saved_file.add_tuning(target, header))
     for fn in functions:
         fn.disable_guard_check()
     return functions

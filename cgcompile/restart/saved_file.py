@@ -11,8 +11,15 @@ step (`load_steps`); a file that does not fit, or that torch fails to load, is r
 WARNING and the reason (the caller compiles and saves again). `save` writes a whole new file
 beside the old and renames it: a reader never sees half a file.
 
+Inductor tunes a Triton kernel (picks one of its configs by timing them) on the kernel's first
+run, after the file was saved; a process loading the file would time them again, in its
+capture, and may pick another config (other float rounding than the saver's). `add_tuning`
+puts the saver's picks into the file once its kernels have run (the first `capture_all` after
+the save calls it): the file is rewritten with this process's artifacts, which now hold them.
+
     functions, why = load(path, options, examples, unmarked, forward)   # None, why: refused
     save(path, functions, header, closure_externals(forward))
+    add_tuning(path, header)                                            # after the kernels ran
 """
 
 from __future__ import annotations
@@ -124,6 +131,42 @@ def save(
     temporary.write_bytes(MAGIC + json.dumps(header).encode() + b"\n" + payload)
     temporary.replace(target)  # a reader never sees half a file
     logger.info("saved to %s: %d bytes", target, len(payload))
+
+
+def add_tuning(target: Path, header: dict[str, Any]) -> None:
+    """Replace the Inductor artifacts of the file `save` wrote at `target` with this process's,
+    which now hold the tuning of every kernel that ran; the functions stay as they are. Nothing
+    is written if the file is gone or another process saved another over it (its header
+    differs), or if no kernel was tuned (one INFO line either way; a file system error is one
+    WARNING: the file stays as saved, the next process tunes again)."""
+    start = time.perf_counter()
+    saved_cache = torch.compiler.save_cache_artifacts()
+    tuned = len(saved_cache[1].artifacts.get("autotune", [])) if saved_cache else 0
+    if not tuned:
+        logger.info("%s: no Triton kernel was tuned in this process: nothing to add", target)
+        return
+    try:
+        data = target.read_bytes() if target.exists() else b""
+        header_line, _, payload = data[len(MAGIC) :].partition(b"\n")
+        if not data.startswith(MAGIC) or header_line != json.dumps(header).encode():
+            logger.info("%s is gone or was saved again since: kernel tuning not added", target)
+            return
+        saved = pickle.loads(payload)
+        saved["cache"] = saved_cache[0]
+        temporary = target.with_name(target.name + ".partial")
+        temporary.write_bytes(data[: len(MAGIC) + len(header_line) + 1] + pickle.dumps(saved))
+        temporary.replace(target)
+    except OSError as exc:
+        logger.warning(
+            "%s: kernel tuning not added (%s); the next process tunes again", target, exc
+        )
+        return
+    logger.info(
+        "%s: the tuning of %d Triton kernels added in %.3f s",
+        target,
+        tuned,
+        time.perf_counter() - start,
+    )
 
 
 def _serialize(fn: Any, externals: dict[str, Any]) -> bytes:

@@ -1,7 +1,8 @@
 """Warm restart without Dynamo on the GPU: a precompiled model saved by one process serves a
 fresh process on empty Inductor and Triton caches with no Dynamo trace, every compile a cache
 hit (Triton kernels from the file), real CUDA graphs captured by `capture_all()`, and eager's
-logits and KV caches; so does a Hugging Face Llama with a static cache per batch size."""
+logits and KV caches; so does a Hugging Face Llama with a static cache per batch size, bit for
+bit as the saver computed (the file holds the saver's kernel tuning)."""
 
 from __future__ import annotations
 
@@ -36,5 +37,7 @@ def test_a_precompiled_hugging_face_llama_serves_a_fresh_process_on_the_gpu(tmp_
     loaded = run_hf(tmp_path / "hf.cgaot", "Llama", *args, cache="b")
     assert saved["loaded"] is False and loaded["loaded"] is True, (saved, loaded)
     assert loaded["dynamo_traces"] == 0 and loaded["warnings"] == []
+    # the saver's capture_all put its kernels' tuning into the file: the loader runs its configs
+    assert saved["tuned_kernels"] > 0 and loaded["tuned_kernels"] == saved["tuned_kernels"]
     assert loaded["digest"] == saved["digest"]
     assert loaded["max_error"] < 1e-3 and loaded["cache_error"] < 1e-3

@@ -17,11 +17,14 @@ import hashlib
 import inspect
 import json
 import logging
+import pickle
+from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
 from torch._dynamo.utils import counters as dynamo_counters
+from torch.compiler._cache import CacheArtifactManager
 
 import cgcompile
 from tests.support.hf import VOCAB, tiny_llama
@@ -65,6 +68,14 @@ def _digest(tensors: list[torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
+def _tuned_kernels(path: Path) -> int:
+    """How many Triton kernels' tuning the file holds (`saved_file.add_tuning`)."""
+    data = path.read_bytes()
+    cache = pickle.loads(data.split(b"\n", 2)[2])["cache"]
+    artifacts = CacheArtifactManager.deserialize(cache) if cache else None
+    return len((artifacts or {}).get("autotune", []))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("path")
@@ -90,6 +101,7 @@ def main() -> None:
             want = model(**_step(n, position, theirs[n], i, device)).logits
             error = max(error, (got - want).abs().max().item())
             logits.append(got)
+        cgcompile.capture_all(progress=False)  # the saver's file takes its kernels' tuning
     caches, eager_caches = _tensors(ours), _tensors(theirs)
     pairs = zip(caches, eager_caches, strict=True)
     cache_error = max((a - b).abs().max().item() for a, b in pairs)
@@ -103,6 +115,7 @@ def main() -> None:
                 "max_error": error,
                 "cache_error": cache_error,
                 "digest": _digest(logits + caches),
+                "tuned_kernels": _tuned_kernels(Path(args.path)),
                 "warnings": warnings.messages,
             }
         )

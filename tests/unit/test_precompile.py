@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import pickle
 from pathlib import Path
 
 import pytest
@@ -513,3 +514,36 @@ def test_a_loaded_graph_whose_one_row_calls_differ_still_raises_at_one_row(tmp_p
         with pytest.raises(cgcompile.CGCompileError, match="squeezes dim 0"):
             loaded(one)
     assert loaded.loaded is True
+
+
+@needs_aot
+@pytest.mark.parametrize("background", [False, True])
+def test_the_first_capture_all_adds_the_kernels_tuning_to_the_saved_file(tmp_path, background):
+    """Triton kernels tune on their first run, after the save: the saver's first `capture_all`
+    rewrites the file with them (on the CPU no kernel tunes: one is recorded as Inductor's
+    autotuner records it), the functions unchanged; a later capture_all writes nothing."""
+    from torch.compiler._cache import CacheArtifactManager
+
+    CacheArtifactManager.clear()  # what earlier tests recorded in this process
+    path = tmp_path / "mlp.cgaot"
+    _, step = precompile_mlp(path)
+    saved = path.read_bytes()
+    with torch.no_grad():
+        step(torch.randn(4, 16))
+        key = f"ab/kernel-{background}.best_config"
+        CacheArtifactManager.record_artifact("autotune", key, {"XBLOCK": 64, "num_warps": 4})
+        job = cgcompile.capture_all(progress=False, background=background)
+        if background:
+            job.wait()
+    tuned = path.read_bytes()
+    header = saved.partition(b"\n")[2].partition(b"\n")[0]
+    assert tuned.partition(b"\n")[2].partition(b"\n")[0] == header
+    before, after = (pickle.loads(data.split(header + b"\n", 1)[1]) for data in (saved, tuned))
+    assert after["functions"] == before["functions"] and before["cache"] is None
+    artifacts = CacheArtifactManager.deserialize(after["cache"])
+    assert [a.key for a in artifacts["autotune"]] == [key]
+    with torch.no_grad():
+        cgcompile.capture_all(progress=False)
+    assert path.read_bytes() == tuned
+    _, again = precompile_mlp(path)
+    assert again.loaded, again.why_compiled
