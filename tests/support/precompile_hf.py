@@ -101,6 +101,7 @@ def main() -> None:
             want = model(**_step(n, position, theirs[n], i, device)).logits
             error = max(error, (got - want).abs().max().item())
             logits.append(got)
+        before_capture_all = _digest(_tensors(ours))
         cgcompile.capture_all(progress=False)  # the saver's file takes its kernels' tuning
     caches, eager_caches = _tensors(ours), _tensors(theirs)
     pairs = zip(caches, eager_caches, strict=True)
@@ -115,6 +116,8 @@ def main() -> None:
                 "max_error": error,
                 "cache_error": cache_error,
                 "digest": _digest(logits + caches),
+                "digests": [_digest([t]) for t in logits] + [_digest(caches)],
+                "caches_before_capture_all": before_capture_all,
                 "tuned_kernels": _tuned_kernels(Path(args.path)),
                 "warnings": warnings.messages,
             }

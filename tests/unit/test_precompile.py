@@ -454,6 +454,8 @@ def test_a_hugging_face_model_with_static_caches_saves_and_loads(tmp_path, arch)
     assert second["loaded"] is True and second["dynamo_traces"] == 0, second
     assert second["warnings"] == []
     assert second["digest"] == first["digest"]  # the loaded graphs compute what the saved did
+    # capture_all (after the steps) leaves the caches as the steps left them
+    assert [r["caches_before_capture_all"] for r in (first, second)] == [first["digests"][-1]] * 2
     assert second["max_error"] < 1e-5 and second["cache_error"] < 1e-5
 
 
