@@ -151,7 +151,7 @@ run coldwarm-nocudnn cold-warm-no-cudnn.log python benchmarks/cold_warm.py --out
 # not in the default stages: start-up (STAGES=startup, ~5 min): which SDPA backend each shape
 # takes and its plan cost; the step time of every size 1..512 under each capture grid; time to
 # ready with the default grid (cold, precompiled), with the old 51-size grid, with eager pieces
-case " $stages " in *" startup "*|*" families "*|*" fast4 "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
+case " $stages " in *" startup "*|*" families "*|*" fast4 "*|*" hfcold "*) export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(mktemp -d)}" ;; esac
 run startup attention-backends.log python benchmarks/attention_backends.py --out "$out"
 run startup capture-grid.log python benchmarks/capture_grid.py --out "$out"
 run startup cold-warm-grid.log python benchmarks/cold_warm.py --out "$out/grid" --soak 200 \
