@@ -78,14 +78,14 @@ def build(
     unbacked: bool = False,
     marked: bool = False,
 ) -> Family:
-    """The family `name`; `quick`: a tiny CPU build (`quick_layers` layers; the rows step 2);
+    """The family `name`; `quick`: a tiny CPU build of `quick_layers` layers;
     `unbacked`: the batch marked unbacked (one trace for every size, batch 1 included; the
     Hugging Face families only with `marked`); `marked`: the Hugging Face families' batch
     marked, the static cache's tensors with it (sizes >= 2 share a trace)."""
     if name == "llama":
         return _llama(device, dtype, quick, quick_layers, unbacked)
     if name == "rows":
-        return _rows(device, dtype, quick, unbacked)
+        return _rows(device, dtype, quick, quick_layers, unbacked)
     if name.startswith("hf-"):
         return _hf(name, device, dtype, quick, quick_layers, marked, unbacked)
     raise ValueError(f"unknown family {name!r}; one of {NAMES}")
@@ -103,8 +103,8 @@ def _llama(device: str, dtype: torch.dtype, quick: bool, layers: int, unbacked: 
     return Family("llama", Llama(cfg).to(device, dtype).eval(), inputs)
 
 
-def _rows(device: str, dtype: torch.dtype, quick: bool, unbacked: bool) -> Family:
-    cfg = RowsConfig(rows=512) if quick else RowsConfig.bench()  # rows >= the size hint
+def _rows(device: str, dtype: torch.dtype, quick: bool, layers: int, unbacked: bool) -> Family:
+    cfg = RowsConfig(layers, rows=512) if quick else RowsConfig.bench()  # rows >= the size hint
     seeds = iter(range(10**9))
 
     def inputs(n: int) -> Inputs:

@@ -222,13 +222,13 @@ def _compile_and_save(
     checksums = {m: c for m in sorted(sources) if (c := source_checksum(m)) is not None}
     header = {**precompile_header(options, examples, checksums), "batch": batch}
     try:
-        saved_file.save(target, functions, header, closure_externals(forward))
+        digest = saved_file.save(target, functions, header, closure_externals(forward))
     except (OSError, pickle.PicklingError, AttributeError, TypeError, RuntimeError) as exc:
         # what pickling raises for what it cannot save (a class defined in a function: torch's
         # guards name the model's class), besides the file system's errors
         logger.warning("not saved to %s: %s; the next process compiles again", target, exc)
     else:  # the kernels tune on their first run: the file takes their picks after it
-        live_graphs.after_capture_all(lambda: saved_file.add_tuning(target, header))
+        live_graphs.after_capture_all(lambda: saved_file.add_tuning(target, digest))
     for fn in functions:
         fn.disable_guard_check()
     return functions

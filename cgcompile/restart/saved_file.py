@@ -18,12 +18,13 @@ puts the saver's picks into the file once its kernels have run (the first `captu
 the save calls it): the file is rewritten with this process's artifacts, which now hold them.
 
     functions, why = load(path, options, examples, unmarked, forward)   # None, why: refused
-    save(path, functions, header, closure_externals(forward))
-    add_tuning(path, header)                                            # after the kernels ran
+    digest = save(path, functions, header, closure_externals(forward))
+    add_tuning(path, digest)                                            # after the kernels ran
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -115,8 +116,9 @@ def _load_function(saved: dict[str, Any], externals: dict[str, Any]) -> Any:
 
 def save(
     target: Path, functions: list[Any], header: dict[str, Any], externals: dict[str, Any]
-) -> None:
-    """Write the functions and this process's Inductor artifacts (replaced whole)."""
+) -> str:
+    """Write the functions and this process's Inductor artifacts (replaced whole); returns the
+    file's digest (`add_tuning` rewrites only the file it wrote)."""
     saved_cache = torch.compiler.save_cache_artifacts()
     payload = pickle.dumps(
         {
@@ -127,17 +129,19 @@ def save(
             "cache": saved_cache[0] if saved_cache is not None else None,
         }
     )
+    data = MAGIC + json.dumps(header).encode() + b"\n" + payload
     temporary = target.with_name(target.name + ".partial")
-    temporary.write_bytes(MAGIC + json.dumps(header).encode() + b"\n" + payload)
+    temporary.write_bytes(data)
     temporary.replace(target)  # a reader never sees half a file
     logger.info("saved to %s: %d bytes", target, len(payload))
+    return hashlib.sha256(data).hexdigest()
 
 
-def add_tuning(target: Path, header: dict[str, Any]) -> None:
-    """Replace the Inductor artifacts of the file `save` wrote at `target` with this process's,
-    which now hold the tuning of every kernel that ran; the functions stay as they are. Nothing
-    is written if the file is gone or another process saved another over it (its header
-    differs), or if no kernel was tuned (one INFO line either way; a file system error is one
+def add_tuning(target: Path, digest: str) -> None:
+    """Replace the Inductor artifacts of the file `save` wrote at `target` (`digest`: what
+    `save` returned) with this process's, which now hold the tuning of every kernel that ran;
+    the functions stay as they are. Nothing is written if the file is gone or was saved again
+    since, or if no kernel was tuned (one INFO line either way; a file system error is one
     WARNING: the file stays as saved, the next process tunes again)."""
     start = time.perf_counter()
     saved_cache = torch.compiler.save_cache_artifacts()
@@ -147,14 +151,14 @@ def add_tuning(target: Path, header: dict[str, Any]) -> None:
         return
     try:
         data = target.read_bytes() if target.exists() else b""
-        header_line, _, payload = data[len(MAGIC) :].partition(b"\n")
-        if not data.startswith(MAGIC) or header_line != json.dumps(header).encode():
+        if hashlib.sha256(data).hexdigest() != digest:
             logger.info("%s is gone or was saved again since: kernel tuning not added", target)
             return
+        header_line, _, payload = data[len(MAGIC) :].partition(b"\n")
         saved = pickle.loads(payload)
         saved["cache"] = saved_cache[0]
         temporary = target.with_name(target.name + ".partial")
-        temporary.write_bytes(data[: len(MAGIC) + len(header_line) + 1] + pickle.dumps(saved))
+        temporary.write_bytes(MAGIC + header_line + b"\n" + pickle.dumps(saved))
         temporary.replace(target)
     except OSError as exc:
         logger.warning(

@@ -549,3 +549,22 @@ def test_the_first_capture_all_adds_the_kernels_tuning_to_the_saved_file(tmp_pat
     assert path.read_bytes() == tuned
     _, again = precompile_mlp(path)
     assert again.loaded, again.why_compiled
+
+
+@needs_aot
+def test_kernel_tuning_is_not_added_to_a_file_saved_again_since(tmp_path, caplog):
+    """Another process's file at the same path (same header: the same model and options)
+    keeps its own artifacts: the first capture_all writes nothing."""
+    from torch.compiler._cache import CacheArtifactManager
+
+    path = tmp_path / "mlp.cgaot"
+    _, step = precompile_mlp(path)
+    ours = path.read_bytes()
+    theirs = ours + b"\0"  # the same header, other bytes: as a concurrent save leaves it
+    path.write_bytes(theirs)
+    CacheArtifactManager.record_artifact("autotune", "cd/kernel.best_config", {"XBLOCK": 8})
+    with caplog.at_level(logging.INFO, logger="cgcompile"), torch.no_grad():
+        step(torch.randn(4, 16))
+        cgcompile.capture_all(progress=False)
+    assert path.read_bytes() == theirs
+    assert "was saved again since: kernel tuning not added" in caplog.text
