@@ -251,10 +251,24 @@ for name in ("first-call", "capture-all"):
   "$out/coldprof/prof"
 # not in the default stages: where the time of a step goes, row by row (STAGES=diag, ~4 min)
 run diag diag.log python benchmarks/kernels_diag.py --out "$out/diag" --trace
+# not in the default stages: the precompiled HF Llama's saver and loader, three pairs of fresh
+# processes, each call's digest printed when a pair differs; then two cold savers (STAGES=digests,
+# ~4 min)
+for i in 1 2 3; do
+  run digests "digests-$i.log" python -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_precompile_cuda.py -k hugging_face
+done
+run digests digests-cold.log python -c 'import json, tempfile; from pathlib import Path
+from tests.unit.test_precompile import run_hf
+for i in range(2):  # two cold savers, each on empty caches: does a cold compile repeat itself?
+    r = run_hf(Path(tempfile.mkdtemp()) / "x.cgaot", "Llama", "--cuda", "--compiler", "inductor")
+    print("cold saver", i, json.dumps({k: r[k] for k in ("digests", "tuned_kernels", "max_error")}))'
 
 echo "== summary (commit $CGCOMPILE_COMMIT, tree digest $CGCOMPILE_TREE)"
 cat "$out/gpu.txt" "$out/summary.txt"
 grep -hE "^(FAILED|ERROR)" "$out/gpu-tests.log" 2>/dev/null | head -20
+grep -ho "'digests': \[[^]]*\]" "$out"/digests-*.log 2>/dev/null
+grep -h "^cold saver" "$out/digests-cold.log" 2>/dev/null
 [ -f "$out/benchmark.log" ] && tail -n 12 "$out/benchmark.log"
 [ -f "$out/hf-generate.log" ] && tail -n 8 "$out/hf-generate.log"
 [ -f "$out/host-per-call.log" ] && cat "$out/host-per-call.log"
