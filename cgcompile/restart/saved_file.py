@@ -141,15 +141,15 @@ def add_tuning(target: Path, digest: str) -> None:
     """Replace the Inductor artifacts of the file `save` wrote at `target` (`digest`: what
     `save` returned) with this process's, which now hold the tuning of every kernel that ran;
     the functions stay as they are. Nothing is written if the file is gone or was saved again
-    since, or if no kernel was tuned (one INFO line either way; a file system error is one
-    WARNING: the file stays as saved, the next process tunes again)."""
+    since, or if no kernel was tuned (one INFO line either way); an error (the file system's,
+    torch's) is one WARNING: the file stays as saved, the next process tunes again."""
     start = time.perf_counter()
-    saved_cache = torch.compiler.save_cache_artifacts()
-    tuned = len(saved_cache[1].artifacts.get("autotune", [])) if saved_cache else 0
-    if not tuned:
-        logger.info("%s: no Triton kernel was tuned in this process: nothing to add", target)
-        return
-    try:
+    try:  # on capture_all's thread, maybe beside a compile that records artifacts
+        saved_cache = torch.compiler.save_cache_artifacts()
+        tuned = len(saved_cache[1].artifacts.get("autotune", [])) if saved_cache else 0
+        if not tuned:
+            logger.info("%s: no Triton kernel was tuned in this process: nothing to add", target)
+            return
         data = target.read_bytes() if target.exists() else b""
         if hashlib.sha256(data).hexdigest() != digest:
             logger.info("%s is gone or was saved again since: kernel tuning not added", target)
@@ -160,9 +160,9 @@ def add_tuning(target: Path, digest: str) -> None:
         temporary = target.with_name(target.name + ".partial")
         temporary.write_bytes(MAGIC + header_line + b"\n" + pickle.dumps(saved))
         temporary.replace(target)
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001 - the file stays as saved; nothing else depends on it
         logger.warning(
-            "%s: kernel tuning not added (%s); the next process tunes again", target, exc
+            "%s: kernel tuning not added (%r); the next process tunes again", target, exc
         )
         return
     logger.info(

@@ -568,3 +568,21 @@ def test_kernel_tuning_is_not_added_to_a_file_saved_again_since(tmp_path, caplog
         cgcompile.capture_all(progress=False)
     assert path.read_bytes() == theirs
     assert "was saved again since: kernel tuning not added" in caplog.text
+
+
+@needs_aot
+def test_a_failure_to_add_the_tuning_is_one_warning_and_leaves_the_file(tmp_path, caplog):
+    path = tmp_path / "mlp.cgaot"
+    _, step = precompile_mlp(path)
+    saved = path.read_bytes()
+
+    def fails() -> None:
+        raise RuntimeError("dictionary changed size during iteration")
+
+    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
+        step(torch.randn(4, 16))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch.compiler, "save_cache_artifacts", fails)
+            cgcompile.capture_all(progress=False)
+    assert path.read_bytes() == saved
+    assert "kernel tuning not added (RuntimeError(" in caplog.text
