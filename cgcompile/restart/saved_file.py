@@ -4,7 +4,7 @@ process's Inductor artifacts (`restart.precompile` compiles what goes in).
     MAGIC
     {"torch": ..., "options": digest, "examples": digest, "sources": {module: checksum}, ...}
     pickle({"functions": [{"data": torch's saved function, "modules": module globals}],
-            "cache": torch.compiler.save_cache_artifacts() bytes})
+            "cache": torch.compiler.save_cache_artifacts() bytes, "cache_keys": their keys})
 
 `load` checks the header against this process before it unpickles anything, and times each
 step (`load_steps`); a file that does not fit, or that torch fails to load, is refused with one
@@ -127,6 +127,7 @@ def save(
                 for fn in functions
             ],
             "cache": saved_cache[0] if saved_cache is not None else None,
+            "cache_keys": _keys(saved_cache),
         }
     )
     data = MAGIC + json.dumps(header).encode() + b"\n" + payload
@@ -141,7 +142,8 @@ def add_tuning(target: Path, digest: str) -> None:
     """Replace the Inductor artifacts of the file `save` wrote at `target` (`digest`: what
     `save` returned) with this process's, which now hold the tuning of every kernel that ran;
     the functions stay as they are. Nothing is written if the file is gone or was saved again
-    since, or if no kernel was tuned (one INFO line either way); an error (the file system's,
+    since, if no kernel was tuned, or if this process no longer holds every artifact the file
+    does (torch's record cleared since the save) (one INFO line each); an error (the file system's,
     torch's) is one WARNING: the file stays as saved, the next process tunes again."""
     start = time.perf_counter()
     try:  # on capture_all's thread, maybe beside a compile that records artifacts
@@ -156,7 +158,15 @@ def add_tuning(target: Path, digest: str) -> None:
             return
         header_line, _, payload = data[len(MAGIC) :].partition(b"\n")
         saved = pickle.loads(payload)
-        saved["cache"] = saved_cache[0]
+        ours = _keys(saved_cache)
+        if any(
+            not set(keys) <= set(ours.get(kind, ())) for kind, keys in saved["cache_keys"].items()
+        ):
+            logger.info(
+                "%s: this process's artifacts lack some of the file's: tuning not added", target
+            )
+            return
+        saved["cache"], saved["cache_keys"] = saved_cache[0], ours
         temporary = target.with_name(target.name + ".partial")
         temporary.write_bytes(MAGIC + header_line + b"\n" + pickle.dumps(saved))
         temporary.replace(target)
@@ -170,6 +180,13 @@ def add_tuning(target: Path, digest: str) -> None:
         target,
         tuned,
         time.perf_counter() - start,
+    )
+
+
+def _keys(saved_cache: Any) -> dict[str, list[str]]:
+    """The artifacts' keys by kind (`add_tuning` replaces the file's only with a superset)."""
+    return (
+        {kind: list(keys) for kind, keys in saved_cache[1].artifacts.items()} if saved_cache else {}
     )
 
 

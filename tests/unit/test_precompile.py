@@ -586,3 +586,23 @@ def test_a_failure_to_add_the_tuning_is_one_warning_and_leaves_the_file(tmp_path
             cgcompile.capture_all(progress=False)
     assert path.read_bytes() == saved
     assert "kernel tuning not added (RuntimeError(" in caplog.text
+
+
+@needs_aot
+def test_kernel_tuning_never_replaces_artifacts_the_file_holds_with_fewer(tmp_path, caplog):
+    """torch's record of artifacts cleared between the save and capture_all: the file keeps the
+    artifacts it was saved with (a loader would miss them) and takes no tuning."""
+    from torch.compiler._cache import CacheArtifactManager
+
+    CacheArtifactManager.clear()
+    CacheArtifactManager.record_artifact("autotune", "ef/saved.best_config", {"XBLOCK": 8})
+    path = tmp_path / "mlp.cgaot"
+    _, step = precompile_mlp(path)
+    saved = path.read_bytes()
+    CacheArtifactManager.clear()
+    CacheArtifactManager.record_artifact("autotune", "ef/later.best_config", {"XBLOCK": 16})
+    with caplog.at_level(logging.INFO, logger="cgcompile"), torch.no_grad():
+        step(torch.randn(4, 16))
+        cgcompile.capture_all(progress=False)
+    assert path.read_bytes() == saved
+    assert "this process's artifacts lack some of the file's: tuning not added" in caplog.text
