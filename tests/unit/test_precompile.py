@@ -518,6 +518,14 @@ def test_a_loaded_graph_whose_one_row_calls_differ_still_raises_at_one_row(tmp_p
     assert loaded.loaded is True
 
 
+def _record_tuning(key: str, config: dict) -> None:
+    """Record a kernel's tuning as Inductor's autotuner does after timing its configs."""
+    import torch._inductor.runtime.autotune_cache  # noqa: F401 - registers the artifact kind
+    from torch.compiler._cache import CacheArtifactManager
+
+    CacheArtifactManager.record_artifact("autotune", key, config)
+
+
 @needs_aot
 @pytest.mark.parametrize("background", [False, True])
 def test_the_first_capture_all_adds_the_kernels_tuning_to_the_saved_file(tmp_path, background):
@@ -533,7 +541,7 @@ def test_the_first_capture_all_adds_the_kernels_tuning_to_the_saved_file(tmp_pat
     with torch.no_grad():
         step(torch.randn(4, 16))
         key = f"ab/kernel-{background}.best_config"
-        CacheArtifactManager.record_artifact("autotune", key, {"XBLOCK": 64, "num_warps": 4})
+        _record_tuning(key, {"XBLOCK": 64, "num_warps": 4})
         job = cgcompile.capture_all(progress=False, background=background)
         if background:
             job.wait()
@@ -551,58 +559,41 @@ def test_the_first_capture_all_adds_the_kernels_tuning_to_the_saved_file(tmp_pat
     assert again.loaded, again.why_compiled
 
 
+def _raises() -> None:
+    raise RuntimeError("dictionary changed size during iteration")
+
+
 @needs_aot
-def test_kernel_tuning_is_not_added_to_a_file_saved_again_since(tmp_path, caplog):
-    """Another process's file at the same path (same header: the same model and options)
-    keeps its own artifacts: the first capture_all writes nothing."""
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("saved again", "was saved again since: kernel tuning not added"),
+        ("torch fails", "kernel tuning not added (RuntimeError("),
+        ("record cleared", "this process's artifacts lack some of the file's: tuning not added"),
+    ],
+)
+def test_kernel_tuning_is_not_added_where_the_file_would_lose(tmp_path, caplog, case, message):
+    """The file stays as it is, with one line saying why, when another save replaced it since
+    (the same header: the same model and options), when torch fails (capture_all's thread may
+    run beside a compile), or when torch's record of artifacts was cleared since the save (the
+    file's would be dropped, and a loader would miss them)."""
     from torch.compiler._cache import CacheArtifactManager
 
+    CacheArtifactManager.clear()
+    _record_tuning("ef/saved.best_config", {"XBLOCK": 8})
     path = tmp_path / "mlp.cgaot"
     _, step = precompile_mlp(path)
-    ours = path.read_bytes()
-    theirs = ours + b"\0"  # the same header, other bytes: as a concurrent save leaves it
-    path.write_bytes(theirs)
-    CacheArtifactManager.record_artifact("autotune", "cd/kernel.best_config", {"XBLOCK": 8})
+    if case == "saved again":
+        path.write_bytes(path.read_bytes() + b"\0")  # as a concurrent save of the same model
+    if case == "record cleared":
+        CacheArtifactManager.clear()
+    _record_tuning("ef/later.best_config", {"XBLOCK": 16})
+    before = path.read_bytes()
     with caplog.at_level(logging.INFO, logger="cgcompile"), torch.no_grad():
-        step(torch.randn(4, 16))
-        cgcompile.capture_all(progress=False)
-    assert path.read_bytes() == theirs
-    assert "was saved again since: kernel tuning not added" in caplog.text
-
-
-@needs_aot
-def test_a_failure_to_add_the_tuning_is_one_warning_and_leaves_the_file(tmp_path, caplog):
-    path = tmp_path / "mlp.cgaot"
-    _, step = precompile_mlp(path)
-    saved = path.read_bytes()
-
-    def fails() -> None:
-        raise RuntimeError("dictionary changed size during iteration")
-
-    with caplog.at_level(logging.WARNING, logger="cgcompile"), torch.no_grad():
         step(torch.randn(4, 16))
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(torch.compiler, "save_cache_artifacts", fails)
+            if case == "torch fails":
+                patch.setattr(torch.compiler, "save_cache_artifacts", _raises)
             cgcompile.capture_all(progress=False)
-    assert path.read_bytes() == saved
-    assert "kernel tuning not added (RuntimeError(" in caplog.text
-
-
-@needs_aot
-def test_kernel_tuning_never_replaces_artifacts_the_file_holds_with_fewer(tmp_path, caplog):
-    """torch's record of artifacts cleared between the save and capture_all: the file keeps the
-    artifacts it was saved with (a loader would miss them) and takes no tuning."""
-    from torch.compiler._cache import CacheArtifactManager
-
-    CacheArtifactManager.clear()
-    CacheArtifactManager.record_artifact("autotune", "ef/saved.best_config", {"XBLOCK": 8})
-    path = tmp_path / "mlp.cgaot"
-    _, step = precompile_mlp(path)
-    saved = path.read_bytes()
-    CacheArtifactManager.clear()
-    CacheArtifactManager.record_artifact("autotune", "ef/later.best_config", {"XBLOCK": 16})
-    with caplog.at_level(logging.INFO, logger="cgcompile"), torch.no_grad():
-        step(torch.randn(4, 16))
-        cgcompile.capture_all(progress=False)
-    assert path.read_bytes() == saved
-    assert "this process's artifacts lack some of the file's: tuning not added" in caplog.text
+    assert path.read_bytes() == before
+    assert message in caplog.text
