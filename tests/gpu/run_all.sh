@@ -183,6 +183,12 @@ for family in hf-llama hf-qwen3; do
   run families "cold-warm-$family.log" python benchmarks/cold_warm.py --out "$out/$family" \
     --family "$family" --soak 50 --no-prime --phases cold aot-cold aot-warm-local
 done
+# not in the default stages: the KV-rows step precompiled, twice (compile-cache hits and misses
+# of each warm rebuild in its report lines; STAGES=rowsaot, ~4 min)
+for i in 1 2; do
+  run rowsaot "aot-rows-$i.log" python benchmarks/cold_warm.py --out "$out/aot-rows-$i" \
+    --family rows --no-prime --soak 0 --phases aot-cold aot-warm-local aot-warm-file
+done
 # not in the default stages: the fastest start on every family, one process each, Python's
 # bytecode primed (by the first run of each kind; the others read it): eager pieces (no
 # Inductor), then Inductor on the HF families; their batch marked (STAGES=fast4, ~5 min)
@@ -269,6 +275,7 @@ cat "$out/gpu.txt" "$out/summary.txt"
 grep -hE "^(FAILED|ERROR)" "$out/gpu-tests.log" 2>/dev/null | head -20
 grep -ho "'digests': \[[^]]*\]" "$out"/digests-*.log 2>/dev/null
 grep -h "^cold saver" "$out/digests-cold.log" 2>/dev/null
+grep -h "compile cache" "$out"/aot-rows-*.log 2>/dev/null
 [ -f "$out/benchmark.log" ] && tail -n 12 "$out/benchmark.log"
 [ -f "$out/hf-generate.log" ] && tail -n 8 "$out/hf-generate.log"
 [ -f "$out/host-per-call.log" ] && cat "$out/host-per-call.log"
