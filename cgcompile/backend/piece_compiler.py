@@ -15,8 +15,8 @@ one compile, not N.
 
 Optional `compile_sizes` add artifacts specialised to a concrete batch size; `PieceRunner`
 picks one by the batch-size argument at call time, when the call's other sizes (ints, tensor
-shapes and strides) are the traced ones the artifact was compiled with. Dynamo's
-`RestartAnalysis` must propagate: nothing here catches broad exceptions.
+shapes and strides) are the traced ones the artifact was compiled with. A piece Inductor fails
+to compile runs its generated forward (one WARNING); Dynamo's `RestartAnalysis` propagates.
 """
 
 from __future__ import annotations
@@ -80,13 +80,32 @@ def _layout(args: Sequence[Any]) -> tuple[Any, ...]:
 
 
 def compile_one(gm: fx.GraphModule, args: Sequence[Any], compiler: str) -> Compiled:
-    """Compile a piece for the (fake, symbolic) args it receives."""
+    """Compile a piece for the (fake, symbolic) args it receives. A piece Inductor fails to
+    compile runs its generated forward instead (still captured), with one WARNING: one piece
+    Inductor cannot lower must not fail the model's call. Dynamo's `RestartAnalysis`
+    propagates."""
     if compiler == "eager":
         return generated_forward(gm)
     from torch._inductor.compile_fx import compile_fx
 
-    with _piece_passes():
-        return compile_fx(gm, list(args))
+    returns_tuple = has_tuple_output(gm)
+    try:
+        with _piece_passes():
+            return compile_fx(gm, list(args))
+    except torch._dynamo.exc.RestartAnalysis:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any compile failure of a piece: it runs eagerly
+        first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+        logger.warning(
+            "Inductor failed to compile a piece (%s: %s): it runs eagerly, still in CUDA graphs",
+            type(exc).__name__,
+            first_line,
+        )
+        logger.debug("the piece Inductor failed on:\n%s", gm.code, exc_info=True)
+        eager = generated_forward(gm)  # Inductor's passes may have rewritten gm (equivalently)
+        if returns_tuple or not has_tuple_output(gm):
+            return eager
+        return lambda *a: eager(*a)[0]  # Inductor made its bare output a tuple
 
 
 def _piece_passes() -> Any:

@@ -550,3 +550,27 @@ def test_compiled_graphs_lists_the_dynamic_batch_graph_first_whatever_the_first_
     graphs = [g for g in cgcompile.compiled_graphs() if g.report.graph_id >= _first_id]
     assert [g.plan.static_batch for g in graphs] == [None, 1]
     assert graphs[0].report.graph_id > graphs[1].report.graph_id  # compiled second
+
+
+def test_a_piece_inductor_fails_to_compile_runs_eagerly_with_one_warning(monkeypatch, caplog):
+    """Inductor raising on one piece (a lowering bug) must not fail the model's call: that piece
+    runs its generated forward, the rest stay compiled, and the model still equals eager
+    (KV cache written in place) on every call."""
+    import torch._inductor.compile_fx as inductor
+
+    real, calls = inductor.compile_fx, []
+
+    def fails_first(gm, example_inputs, *args, **kwargs):
+        calls.append(gm)
+        if len(calls) == 1:
+            raise torch._inductor.exc.InductorError(RuntimeError("no lowering for op"), "")
+        return real(gm, example_inputs, *args, **kwargs)
+
+    monkeypatch.setattr(inductor, "compile_fx", fails_first)
+    with caplog.at_level(logging.WARNING, logger="cgcompile"):
+        check_llama_matches_eager(
+            "PIECEWISE", "inductor", device="cpu", graph_runtime="simulated", unbacked=False
+        )
+    assert len(calls) > 1  # the other pieces compiled
+    failed = [r for r in caplog.records if "Inductor failed to compile a piece" in r.message]
+    assert len(failed) == 1 and "InductorError" in failed[0].message
