@@ -16,7 +16,8 @@ one compile, not N.
 Optional `compile_sizes` add artifacts specialised to a concrete batch size; `PieceRunner`
 picks one by the batch-size argument at call time, when the call's other sizes (ints, tensor
 shapes and strides) are the traced ones the artifact was compiled with. A piece Inductor fails
-to compile runs its generated forward (one WARNING); Dynamo's `RestartAnalysis` propagates.
+to compile runs its generated forward, a size it fails to specialise runs the general artifact
+(one WARNING each); Dynamo's `RestartAnalysis` propagates.
 """
 
 from __future__ import annotations
@@ -95,17 +96,23 @@ def compile_one(gm: fx.GraphModule, args: Sequence[Any], compiler: str) -> Compi
     except torch._dynamo.exc.RestartAnalysis:
         raise
     except Exception as exc:  # noqa: BLE001 - any compile failure of a piece: it runs eagerly
-        first_line = (str(exc).strip().splitlines() or [""])[0][:300]
-        logger.warning(
-            "Inductor failed to compile a piece (%s: %s): it runs eagerly, still in CUDA graphs",
-            type(exc).__name__,
-            first_line,
-        )
-        logger.debug("the piece Inductor failed on:\n%s", gm.code, exc_info=True)
+        _warn_failed(gm, "", exc, "it runs eagerly, still in CUDA graphs")
         eager = generated_forward(gm)  # Inductor's passes may have rewritten gm (equivalently)
         if returns_tuple or not has_tuple_output(gm):
             return eager
         return lambda *a: eager(*a)[0]  # Inductor made its bare output a tuple
+
+
+def _warn_failed(gm: fx.GraphModule, where: str, exc: Exception, instead: str) -> None:
+    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+    logger.warning(
+        "Inductor failed to compile a piece%s (%s: %s): %s",
+        where,
+        type(exc).__name__,
+        first_line,
+        instead,
+    )
+    logger.debug("the piece Inductor failed on:\n%s", gm.code, exc_info=True)
 
 
 def _piece_passes() -> Any:
@@ -289,7 +296,12 @@ def _specialize(
         return
     runner.size_index = index
     for size in sizes:
-        runner.by_size[size] = compile_for_size(gm, args, size, batch_exprs, returns_tuple)
+        try:
+            runner.by_size[size] = compile_for_size(gm, args, size, batch_exprs, returns_tuple)
+        except torch._dynamo.exc.RestartAnalysis:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the general artifact serves every size
+            _warn_failed(gm, f" for batch {size}", exc, "its general artifact serves that size")
 
 
 def _dedupe_key(gm: fx.GraphModule, compiler: str) -> Any:

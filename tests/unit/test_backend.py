@@ -285,6 +285,21 @@ def test_compile_sizes_add_specialized_artifacts():
             torch.testing.assert_close(f(x), fresh_model(x))
 
 
+def test_a_size_inductor_fails_to_specialise_runs_the_general_artifact(monkeypatch, caplog):
+    def fails(*args, **kwargs):
+        raise torch._inductor.exc.InductorError(RuntimeError("no lowering for op"), "")
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", fails)
+    f = compile_fn(
+        fresh_model, cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[2, 4], compile_sizes=[4]
+    )
+    with caplog.at_level(logging.WARNING, logger="cgcompile"):
+        for n in (3, 4, 2):
+            x = dyn(torch.randn(n, 5))
+            torch.testing.assert_close(f(x), fresh_model(x))
+    assert caplog.text.count("Inductor failed to compile a piece for batch 4 (InductorError") == 2
+
+
 def test_downgrade_is_logged_and_reported(caplog):
     f = compile_fn(
         silly_model,
