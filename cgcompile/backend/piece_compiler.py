@@ -82,7 +82,7 @@ def _layout(args: Sequence[Any]) -> tuple[Any, ...]:
 
 def compile_one(gm: fx.GraphModule, args: Sequence[Any], compiler: str) -> Compiled:
     """Compile a piece for the (fake, symbolic) args it receives. A piece Inductor fails to
-    compile runs its generated forward instead (still captured), with one WARNING: one piece
+    compile runs its generated forward instead (captured like any piece), with one WARNING: one piece
     Inductor cannot lower must not fail the model's call. Dynamo's `RestartAnalysis`
     propagates."""
     if compiler == "eager":
@@ -96,7 +96,7 @@ def compile_one(gm: fx.GraphModule, args: Sequence[Any], compiler: str) -> Compi
     except torch._dynamo.exc.RestartAnalysis:
         raise
     except Exception as exc:  # noqa: BLE001 - any compile failure of a piece: it runs eagerly
-        _warn_failed(gm, "", exc, "it runs eagerly, still in CUDA graphs")
+        _warn_failed(gm, "", exc, "its traced ops run as they are (captured like any piece)")
         eager = generated_forward(gm)  # Inductor's passes may have rewritten gm (equivalently)
         if returns_tuple or not has_tuple_output(gm):
             return eager
