@@ -30,7 +30,7 @@ import torch
 from torch import fx
 
 from cgcompile.backend.build import BuildRequest
-from cgcompile.backend.piece_compiler import (
+from cgcompile.backend.piece_artifacts import (
     PieceRunner,
     Specialized,
     compile_for_size,

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import cgcompile
-from cgcompile.backend.piece_compiler import PieceRunner, Specialized
+from cgcompile.backend.piece_artifacts import PieceRunner, Specialized
 
 SIM = {"graph_runtime": "simulated", "cudagraph_capture_sizes": [4, 8], "compile_sizes": [4]}
 
