@@ -2,7 +2,9 @@
 symbolic batch finds: the inputs written in place (schema-marked or not) and the outputs that
 alias an input, on stateful models, the batch backed or unbacked (at the real input's size); a
 graph that reads a value from data, or whose unbacked batch came with one row, takes the
-symbolic run."""
+symbolic run. Dynamo's record of its trace (`recorded_effects`) finds the same where it can tell,
+and says it cannot where inputs share storage, batch norm writes unmarked, or a node has no
+fake value."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from torch import fx, nn
 
 import cgcompile
 from benchmarks._rows_model import RowsConfig, RowsLlama, rows_inputs
-from cgcompile.passes.mutation import _concrete_effects, find_effects
+from cgcompile.passes.mutation import _concrete_effects, find_effects, recorded_effects
 from examples.llama import Llama, LlamaConfig, make_inputs, mark_batch
 from tests.support.models import CacheStep
 
@@ -99,6 +101,30 @@ def test_the_run_at_example_sizes_finds_the_symbolic_runs_effects(build, unbacke
         symbolic = find_effects(gm, example_inputs, _symbolic(gm))
         assert concrete == symbolic and (concrete.mutated or concrete.output_aliases)
         assert find_effects(gm, example_inputs) == symbolic
+        recorded = recorded_effects(gm)
+        assert recorded == (None if build is _batch_norm else symbolic)
+
+
+def test_inputs_sharing_storage_take_a_run():
+    def step(k: torch.Tensor, v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        v.add_(x)  # k shares v's storage and version counter but is only read
+        return k * 2
+
+    kv = torch.randn(2, 4, 3)
+    (gm, example_inputs), *_ = _graphs(step, [(kv[0], kv[1], torch.randn(4, 3))])
+    assert recorded_effects(gm) is None
+    v = next(i for i, t in enumerate(example_inputs) if t._base is kv and t.storage_offset())
+    assert find_effects(gm, example_inputs).mutated == (v,)
+
+
+def test_a_graph_without_dynamos_fake_values_takes_a_run():
+    model, calls = _cache_step(False)
+    ((gm, example_inputs),) = _graphs(model, calls)
+    expected = find_effects(gm, example_inputs)
+    for node in gm.graph.nodes:
+        node.meta.pop("example_value", None)
+    assert recorded_effects(gm) is None
+    assert find_effects(gm, example_inputs) == expected and expected.mutated
 
 
 def test_a_value_read_from_data_takes_the_symbolic_run():
