@@ -20,6 +20,7 @@ from cgcompile.calls.compiled_graph import CompiledGraph
 from cgcompile.calls.padded_batch_one import PaddedBatchOne
 from cgcompile.config import CompilationConfig
 from cgcompile.errors import ConfigError
+from cgcompile.passes.runtime_checks import checks_as_asserts
 
 
 def cudagraph_modes(
@@ -46,6 +47,7 @@ def compile_dynamo_graph(
     """One Dynamo graph: served by a live dynamic graph if it is that graph at batch 1, else
     compiled (`analyses`: the saving process's, for a graph rebuilt from a precompiled file).
     The graph's inputs are read once, here, for both."""
+    checks_as_asserts(gm)  # before anything reads its code: a cacheable graph on torch 2.11
     plan = plan_inputs(gm, example_inputs)
     served, not_shared = serve_batch_one(gm, example_inputs, plan, config)
     if served is not None:  # Dynamo's batch-1 graph: the dynamic graph's compile serves it
