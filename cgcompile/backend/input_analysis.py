@@ -71,6 +71,12 @@ def plan_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> InputPlan:
         tuple(i for i, v in enumerate(values) if isinstance(v, torch.SymInt)),
         min_batch,
         batch_state=tuple(i for i in static if _dim0_in(values[i], exprs)),
+        passed_static=tuple(
+            i
+            for i in static
+            if not _dim0_in(values[i], exprs)
+            and not _module_state(placeholders[i], example_inputs[i])
+        ),
         names=tuple(_name(node) for node in placeholders),
         pad_values=_pad_values(batch_tensors, example_inputs),
         batch_strided=tuple(i for i in batch_tensors if _strides_use(values[i], exprs)),
@@ -159,6 +165,15 @@ def _is_static(node: fx.Node, example: Any) -> bool:
     if isinstance(example, torch.nn.Parameter) or getattr(example, STATIC_ATTRIBUTE, False):
         return True
     return bool(node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type"))
+
+
+def _module_state(node: fx.Node, example: Any) -> bool:
+    """A module's parameter or buffer (its name, Dynamo's source or the node's, says so), which
+    the parameter events watch; else a static tensor the caller passes."""
+    name = _name(node)
+    return isinstance(example, torch.nn.Parameter) or any(
+        kind in name for kind in ("_parameters", "_buffers")
+    )
 
 
 def _dim0_in(value: Any, exprs: frozenset[Any]) -> bool:

@@ -100,7 +100,7 @@ class CompiledGraph(SteadyState):
         self.owner = ThreadOwner()
         self.instances = InstanceSlots(
             plan.static_tensors,
-            plan.in_place,
+            plan.kept_in_place,
             weak_method(self._drop_instance),
             weak_method(self._borrow),
             plan.batch_state,
@@ -163,7 +163,7 @@ class CompiledGraph(SteadyState):
         slot = self.instances.slot_of(args)
         if slot is None:
             return self._run_eager(args, None, "instances")
-        if self.plan.in_place and not self.instances.same_in_place(slot, args):
+        if self.plan.kept_in_place and not self.instances.same_in_place(slot, args):
             return self._run_eager(args, None, "moved")
         n = self.plan.batch_size(args)
         if n is None:

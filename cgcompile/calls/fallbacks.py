@@ -64,9 +64,9 @@ class FallbackLog:
 
 
 def _moved(log: FallbackLog, n: int | None) -> str:
-    names = [log.plan.names[i] for i in log.plan.in_place]
+    names = [log.plan.names[i] for i in log.plan.kept_in_place]
     return (
-        f"it writes {names} in place and one of them is not the tensor of the first call; "
+        f"it uses {names} in place and one of them is not the tensor of the first call; "
         f"graphs read and write those tensors where they were, so keep them at fixed "
         f"addresses (e.g. allocate a cache once)"
     )

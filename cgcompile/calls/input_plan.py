@@ -50,6 +50,10 @@ class InputPlan:
     """Placeholders the graph writes in place."""
     in_place: tuple[int, ...] = ()
     """Mutated user tensors that are not batch tensors: passed as they are, never copied."""
+    passed_static: tuple[int, ...] = ()
+    """Static-address tensors the caller passes (not a module's parameters or buffers, nor
+    `batch_state`): graphs bake in their addresses, and no parameter event tells when a call
+    passes another, so each call checks them, as `in_place` (`kept_in_place`)."""
     pad_values: tuple[tuple[int, Any], ...] = ()
     """(position, value) of batch tensors with a declared pad value; others pad with zeros."""
     batch_strided: tuple[int, ...] = ()
@@ -79,6 +83,11 @@ class InputPlan:
     """One-element CPU tensors among the user inputs of a graph that runs on CUDA (a float
     attribute Dynamo passes as a tensor and reads with `.item()`): the host reads them while a
     graph is captured, so their values are part of the graph's key (`shape_key`)."""
+
+    @property
+    def kept_in_place(self) -> tuple[int, ...]:
+        """Tensors graphs use where the first call had them: a call passing others runs eagerly."""
+        return (*self.in_place, *self.passed_static)
 
     @property
     def copied_back(self) -> tuple[int, ...]:

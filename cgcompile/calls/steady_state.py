@@ -91,7 +91,7 @@ class SteadyState:
                     or last.data_ptr() != instance.last_address
                 ):
                     slot = None
-        if slot is None or (self.plan.in_place and not instances.same_in_place(slot, args)):
+        if slot is None or (self.plan.kept_in_place and not instances.same_in_place(slot, args)):
             return MISS
         batch = self.plan.batch_tensors
         if not batch:
@@ -135,7 +135,7 @@ class SteadyState:
         if reps is None and self.instances.has_statics:
             return None
         plan = self.plan
-        reads = (*(reps or ()), *plan.in_place, *plan.batch_tensors, *plan.copied_tensors)
+        reads = (*(reps or ()), *plan.kept_in_place, *plan.batch_tensors, *plan.copied_tensors)
         variants = self._variants
         return tuple(sorted({*reads, *variants.positions, *variants.host, *variants.state}))
 

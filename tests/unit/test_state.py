@@ -173,6 +173,42 @@ def test_mutated_input_at_a_new_address_runs_without_graphs(caplog):
     assert len(moved) == 1 and "L['state']" in moved[0]
 
 
+class _FixedTable(torch.nn.Module):
+    """A step that reads (and, `writes`, updates) a table the caller passes at a static address,
+    its dim 0 not the batch."""
+
+    def __init__(self, writes: bool) -> None:
+        super().__init__()
+        self.a, self.writes = torch.nn.Linear(4, 4), writes
+
+    def forward(self, x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        if self.writes:
+            table.add_(1)
+        return self.a(x) + table.sum(0)
+
+
+@pytest.mark.parametrize("writes", [True, False])
+@pytest.mark.parametrize("mode", ["FULL", "PIECEWISE"])
+def test_another_static_address_argument_runs_without_graphs(mode, writes, caplog):
+    """Graphs bake in a static-address argument's address and no parameter event tells when a
+    call passes another: such a call runs eagerly, equal to eager, and says why once."""
+    model = _FixedTable(writes).eval()
+    options = {"cudagraph_mode": mode, "graph_runtime": "simulated", "compiler": "eager"}
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    ours = {k: torch.randn(6, 4) for k in "AB"}
+    for table in ours.values():
+        torch._dynamo.mark_static_address(table)
+    theirs = {k: t.clone() for k, t in ours.items()}
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="cgcompile"):
+        for step, name in enumerate("AAABBAB"):
+            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(step))
+            cgcompile.mark_dynamic_batch(x)
+            got, want = compiled(x, ours[name]), model(x, theirs[name])
+            assert torch.equal(got, want) and all(torch.equal(ours[k], theirs[k]) for k in "AB")
+    moved = [m for m in caplog.messages if "not the tensor of the first" in m]
+    assert len(moved) == 1 and "L['table']" in moved[0]
+
+
 def test_padding_with_pad_value_does_not_warn(caplog):
     with caplog.at_level(logging.WARNING, logger="cgcompile"):
         run_against_eager("FULL_AND_PIECEWISE")
