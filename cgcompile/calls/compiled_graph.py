@@ -163,7 +163,7 @@ class CompiledGraph(SteadyState):
         slot = self.instances.slot_of(args)
         if slot is None:
             return self._run_eager(args, None, "instances")
-        if self.plan.kept_in_place and not self.instances.same_in_place(slot, args):
+        if self.instances.has_in_place and not self.instances.same_in_place(slot, args):
             return self._run_eager(args, None, "moved")
         n = self.plan.batch_size(args)
         if n is None:

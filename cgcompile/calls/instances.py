@@ -88,6 +88,9 @@ class InstanceSlots:
     ) -> None:
         self._static = tuple(static)
         self._in_place = tuple(in_place)
+        self.has_in_place = bool(self._in_place)
+        """Whether calls must pass the tensors a slot's first call used in place (read per call:
+        no tuple built)."""
         self._state = batch_state[0] if batch_state else None
         """A static tensor sized by the batch: its size names an example call."""
         # a tuple even for one index: that one is repeated

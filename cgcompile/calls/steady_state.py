@@ -91,7 +91,7 @@ class SteadyState:
                     or last.data_ptr() != instance.last_address
                 ):
                     slot = None
-        if slot is None or (self.plan.kept_in_place and not instances.same_in_place(slot, args)):
+        if slot is None or (instances.has_in_place and not instances.same_in_place(slot, args)):
             return MISS
         batch = self.plan.batch_tensors
         if not batch:
