@@ -52,6 +52,10 @@ class Binding:
     state: tuple[int, ...] = ()
     """Argument positions of the state sized by the batch (`InputPlan.batch_state`), whose
     addresses are part of the graph key: another cache of a size replays its own graphs."""
+    fixed: tuple[tuple[int, int], ...] = ()
+    """(argument position, `data_ptr` at binding) of the static-address tensors the caller
+    passes that are not sized by the batch (`InputPlan.passed_static`): another one goes through
+    the compiled model, which runs it eagerly."""
     returns: str | None = None
     """How the forward's return is made from the graph's outputs: 'first', 'tuple', 'list'."""
     entry: Any = None

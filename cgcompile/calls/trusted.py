@@ -16,7 +16,8 @@ if need be, and runs a call from a thread that does not own the graphs eagerly):
 forward context set by the caller (manual mode: its mode and descriptor decide), positional
 arguments only, as many as at binding; each tensor argument's dtype and rank; grad mode; the
 addresses of the state sized by the batch that the caller passes (a cache per batch size: each
-cache replays graphs of its own, as in the default call); and, in O(1) whatever the model's
+cache replays graphs of its own, as in the default call), and of the other static-address tensors
+it passes (another one goes through the compiled model); and, in O(1) whatever the model's
 size, what the compiled model's own instance check sees (`instances`):
 no parameter event since binding (a parameter, buffer or submodule assigned to any module:
 `model.w = nn.Parameter(...)`, `load_state_dict(assign=True)`; a parameter's old storage freed:
@@ -134,6 +135,9 @@ class TrustedCall:
         for position, dtype, rank in binding.checks:
             arg = args[position]
             if arg.dtype is not dtype or arg.dim() != rank:
+                return self._through_dynamo(args, kwargs)
+        for position, address in binding.fixed:
+            if args[position].data_ptr() != address:
                 return self._through_dynamo(args, kwargs)
         graph = binding.graph
         if graph.capture_turns is not None:  # a background capture_all: calls take turns
@@ -268,6 +272,9 @@ class TrustedCall:
         self._batch_arg = batch_arg
         binding = Binding(graph, slot, tuple(user), batch_arg, template, checks, EVENTS.count)
         binding.state = tuple(passed[i] for i in graph._variants.state)
+        binding.fixed = tuple(
+            (passed[i], template[i].data_ptr()) for i in graph.plan.passed_static if i in passed
+        )
         reps = graph.instances.reps
         if reps is not None:
             binding.first, binding.last = template[reps[0]], template[reps[1]]

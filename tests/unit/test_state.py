@@ -209,6 +209,27 @@ def test_another_static_address_argument_runs_without_graphs(mode, writes, caplo
     assert len(moved) == 1 and "L['table']" in moved[0]
 
 
+@pytest.mark.parametrize("how", ["trusted", "guarded"])
+def test_trusted_and_guarded_take_another_static_address_argument_through_the_model(how):
+    """What the default call checks of a static-address argument, `trusted` and `guarded` check
+    too: another one goes through the compiled model, equal to eager."""
+    model = _FixedTable(writes=True).eval()
+    options = {"cudagraph_mode": "FULL", "graph_runtime": "simulated", "compiler": "eager"}
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    ours = {k: torch.randn(6, 4) for k in "AB"}
+    for table in ours.values():
+        torch._dynamo.mark_static_address(table)
+    theirs = {k: t.clone() for k, t in ours.items()}
+    fast = getattr(cgcompile, how)(compiled)
+    with torch.no_grad():
+        for step, name in enumerate("AAAAABAB"):
+            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(step))
+            cgcompile.mark_dynamic_batch(x)
+            got = (compiled if step < 3 else fast)(x, ours[name])
+            want = model(x, theirs[name])
+            assert torch.equal(got, want) and all(torch.equal(ours[k], theirs[k]) for k in "AB")
+
+
 def test_padding_with_pad_value_does_not_warn(caplog):
     with caplog.at_level(logging.WARNING, logger="cgcompile"):
         run_against_eager("FULL_AND_PIECEWISE")
