@@ -57,6 +57,7 @@ def plan_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> InputPlan:
         batch_tensors = (user[0],)
     outputs = _output_values(gm)
     static = tuple(i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and i not in user)
+    batch_state = tuple(i for i in static if _dim0_in(values[i], exprs))
     dims = [values[i].shape[0] for i in batch_tensors]
     bounds = [_lower_bound(d) for d in dims if isinstance(d, torch.SymInt)]
     min_batch = max([1, *bounds])
@@ -70,13 +71,12 @@ def plan_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> InputPlan:
         static,
         tuple(i for i, v in enumerate(values) if isinstance(v, torch.SymInt)),
         min_batch,
-        batch_state=tuple(i for i in static if _dim0_in(values[i], exprs)),
-        passed_static=tuple(
-            i
-            for i in static
-            if not _dim0_in(values[i], exprs)
-            and not _module_state(placeholders[i], example_inputs[i])
-        ),
+        batch_state=batch_state,
+        # with state sized by the batch, its addresses key the graphs, and the other static
+        # tensors passed come with it (a Hugging Face cache's counters): not checked apart
+        passed_static=()
+        if batch_state
+        else tuple(i for i in static if not _module_state(placeholders[i], example_inputs[i])),
         names=tuple(_name(node) for node in placeholders),
         pad_values=_pad_values(batch_tensors, example_inputs),
         batch_strided=tuple(i for i in batch_tensors if _strides_use(values[i], exprs)),

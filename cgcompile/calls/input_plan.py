@@ -51,9 +51,11 @@ class InputPlan:
     in_place: tuple[int, ...] = ()
     """Mutated user tensors that are not batch tensors: passed as they are, never copied."""
     passed_static: tuple[int, ...] = ()
-    """Static-address tensors the caller passes (not a module's parameters or buffers, nor
-    `batch_state`): graphs bake in their addresses, and no parameter event tells when a call
-    passes another, so each call checks them, as `in_place` (`kept_in_place`)."""
+    """Static-address tensors the caller passes (not a module's parameters or buffers) of a
+    graph without `batch_state`: graphs bake in their addresses, and no parameter event tells
+    when a call passes another, so each call checks them, as `in_place` (`kept_in_place`).
+    With `batch_state`, whose addresses key the graphs, none: what a cache passes beside its
+    batch-sized tensors (a Hugging Face cache's counters) changes with them."""
     pad_values: tuple[tuple[int, Any], ...] = ()
     """(position, value) of batch tensors with a declared pad value; others pad with zeros."""
     batch_strided: tuple[int, ...] = ()

@@ -285,6 +285,43 @@ def test_capture_all_captures_a_cache_sized_by_the_batch_at_its_own_size_only(mo
     assert cgcompile.counters.num_cudagraph_captured == before  # replays of captured keys
 
 
+class _CountingCache(torch.nn.Module):
+    """A layer writing a cache per batch size that also keeps a step counter, a static tensor
+    not sized by the batch (as a Hugging Face `StaticCache` layer's `cumulative_length`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        cache.index_copy_(1, count % 5, self.a(x)[:, None])
+        count.add_(1)
+        return cache.sum(1) * 2
+
+
+def test_a_cache_per_batch_size_with_its_counter_replays_its_own_graphs():
+    """The counter of each size's cache comes with that cache, whose address keys the graphs:
+    calls alternating sizes replay, equal to eager, none runs eagerly."""
+    options = {"cudagraph_mode": "FULL", "graph_runtime": "simulated", "compiler": "eager"}
+    options["cudagraph_capture_sizes"] = [2, 4, 8]
+    model = _CountingCache().eval()
+    compiled = torch.compile(model, backend="cudagraph_modes", options=options)
+    ours = {n: (torch.zeros(n, 5, 4), torch.zeros((), dtype=torch.long)) for n in (2, 4)}
+    for tensor in (t for pair in ours.values() for t in pair):
+        torch._dynamo.mark_static_address(tensor)
+    theirs = {n: tuple(t.clone() for t in pair) for n, pair in ours.items()}
+    with torch.no_grad():
+        for step, n in enumerate((2, 4, 2, 4, 4, 2)):
+            x = torch.randn(n, 4, generator=torch.Generator().manual_seed(step))
+            cgcompile.mark_dynamic_batch(x, ours[n][0])
+            got, want = compiled(x, *ours[n]), model(x, *theirs[n])
+            assert torch.equal(got, want)
+            assert all(
+                torch.equal(a, b) for k in ours for a, b in zip(ours[k], theirs[k], strict=True)
+            )
+    assert cgcompile.counters.num_eager_fallbacks == 0
+
+
 @pytest.mark.parametrize("mode", ["FULL", "FULL_AND_PIECEWISE"])
 def test_a_cache_sized_by_the_batch_is_never_padded(mode, caplog):
     """Padding cannot grow a static-address cache whose dim 0 is the batch (a `StaticCache` per
