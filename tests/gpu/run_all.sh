@@ -239,12 +239,13 @@ for family in ${FASTUB_FAMILIES:-llama rows}; do
   done
 done
 # not in the default stages: Inductor (default options) cold on the HF families, batch and caches
-# marked unbacked: one Dynamo trace (STAGES=hfub, ~2 min)
+# marked unbacked: one Dynamo trace; cuDNN attention off, without which torch 2.11 breaks the
+# graph at every SDPA call of an unbacked batch (cgcompile/dynamic.py) (STAGES=hfub, ~2 min)
 for family in hf-llama hf-qwen3; do
   primes hfub
   run hfub "cold-inductor-unbacked-$family.log" python benchmarks/cold_warm.py \
     --out "$out/hfub-$family" --family "$family" --marked --unbacked "${prime[@]}" \
-    --soak 50 --phases cold
+    --soak 50 --no-cudnn-sdp --phases cold
 done
 # not in the default stages: where a cold start with eager pieces goes, under cProfile (the
 # example Llama; the top of its first call and capture_all printed; STAGES=coldprof)
