@@ -184,8 +184,8 @@ for family in hf-llama hf-qwen3; do
     --family "$family" --soak 50 --no-prime --phases cold aot-cold aot-warm-local
 done
 # not in the default stages: the KV-rows step precompiled, twice (compile-cache hits and misses
-# of each warm rebuild in its report lines; STAGES=rowsaot, ~4 min)
-for i in 1 2; do
+# of each warm rebuild in its report lines; STAGES=rowsaot, ~4 min; ROWSAOT_RUNS=1 for one)
+for i in $(seq "${ROWSAOT_RUNS:-2}"); do
   run rowsaot "aot-rows-$i.log" python benchmarks/cold_warm.py --out "$out/aot-rows-$i" \
     --family rows --no-prime --soak 0 --phases aot-cold aot-warm-local aot-warm-file
 done
