@@ -87,9 +87,10 @@ run host64 host-per-call-64.log python benchmarks/host_per_call.py --out "$out/h
   --layers 64 --rounds 2
 # not in the default stages: the default call's host time split into guards, the rest of Dynamo
 # and cgcompile's share, beside guarded, trusted and the 10-line backend, 16 and 64 layers,
-# three families, one process each, two rounds (STAGES=guards, ~8 min)
-run guards guard-costs.log python benchmarks/guard_costs.py --out "$out/guards" --cuda --rounds 2 \
-  --variants default tenline
+# three families, one process each, two rounds (STAGES=guards, ~8 min; GUARDS_VARIANTS="default
+# no-guards tenline" GUARDS_ROUNDS=1 adds Dynamo's path without guards, the floor of any backend)
+run guards guard-costs.log python benchmarks/guard_costs.py --out "$out/guards" --cuda \
+  --rounds "${GUARDS_ROUNDS:-2}" --variants ${GUARDS_VARIANTS:-default tenline}
 run loop decode-loop.log python benchmarks/decode_loop.py --out "$out" --piecewise
 # not in the default stages: the decode loop on the three model families at 16 and 64 layers
 # (STAGES=loop3): a process per family and depth, compiles side by side, timed phases in turns
