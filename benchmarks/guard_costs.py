@@ -1,7 +1,9 @@
 """Where the default call's host time goes as a model gets deeper: Dynamo's guard check (with its
 guards counted by kind), the rest of Dynamo's work (frame entry and the bytecode that gathers
 every parameter as a graph input) and cgcompile's own share, at each depth; beside the same call
-with torch's recursive dict tags (`use_recursive_dict_tags_for_guards`) and with no guards
+with torch's recursive dict tags (`use_recursive_dict_tags_for_guards`), without the tensor guards
+on parameters and buffers (`no-param-guards`: a `guard_filter_fn`; what a backend could drop
+itself, unsafe for a parameter moved to another dtype or device), with no guards
 (`skip_all_guards_unsafe`, unsafe: the floor of Dynamo's path), the 10-line backend's call
 (`tenline`: `benchmarks/_user_peers.py`; on the CPU a no-op per call), and, in the default
 variant's process, the same compiled model called through `cgcompile.guarded` and
@@ -49,7 +51,7 @@ from benchmarks._user_peers import tenline_backend  # noqa: E402
 from benchmarks.host_overhead import NullRuntime, _record_call  # noqa: E402
 from cgcompile.restart.portable import frame_scope  # noqa: E402
 
-VARIANTS = ("default", "tags", "no-guards", "tenline")
+VARIANTS = ("default", "tags", "no-param-guards", "no-guards", "tenline")
 _MODEL = ("self.", "self[", "args[0].", "args[0][", "type(self)", "type(args[0])")
 """How Dynamo names the model in a guard: `self`, or `args[0]` behind a `(*args, **kwargs)`
 decorator (Hugging Face's forwards)."""
@@ -118,7 +120,10 @@ def child(family: str, layers: int, variant: str, calls: int, cuda: bool) -> dic
     kinds: collections.Counter[str] = collections.Counter()
 
     def count(entries: Any) -> list[bool]:
-        kinds.update(_kind(e) for e in entries)
+        found = [_kind(e) for e in entries]
+        kinds.update(found)
+        if variant == "no-param-guards":  # what cgcompile's own instance check covers, in part
+            return [kind != "param/buffer tensors" for kind in found]
         return [True] * len(entries)
 
     options: dict[str, Any] = {"cudagraph_mode": "FULL", "cudagraph_capture_sizes": [8]}
