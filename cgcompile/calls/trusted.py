@@ -42,15 +42,13 @@ model, which only the forward knows per call), keyword arguments, one that retur
 a graph output or a tuple or list of them (Python work after the graph would be skipped, e.g. a
 Hugging Face `ModelOutput`), and a call that ran no graph of backend='cudagraph_modes'.
 
-Why the default call does not do this itself (torch 2.9-2.14; issue 41): a backend cannot
-change the code Dynamo runs around its graph, which gathers every parameter and grows with depth
-even with no guards at all; `torch.compile` pops `guard_filter_fn` before the backend is built.
-A backend could drop guards from Dynamo's tracing context while it compiles (private), but the
-ones cgcompile's own check covers in part, the tensor guards on parameters and buffers, are what
-send a submodule moved to another dtype, device or shape to a new trace: without them its
-graphs would rerun code compiled for the old one. Dynamo's `install_free_tensors` is
-process-wide and loses what identifies the called instance. Figures: docs/BENCHMARKS.md, host
-time per call (`benchmarks/guard_costs.py`, variants `no-param-guards` and `no-guards`).
+Why the default call does not do this itself (torch 2.9-2.14; issue 41): a backend cannot change
+the code Dynamo runs around its graph, which gathers every parameter (it grows with depth with no
+guards at all). It could drop guards from Dynamo's tracing context while it compiles (private),
+but those cgcompile's check covers in part, the tensor guards on parameters and buffers, send a
+submodule moved to another dtype, device or shape to a new trace: without them its graphs would
+rerun code compiled for the old one. `install_free_tensors` is process-wide and loses what
+identifies the instance. Figures: `benchmarks/guard_costs.py` (`no-param-guards`, `no-guards`).
 
     fast = cgcompile.guarded(compiled)     # after warm-up calls of the compiled model
     logits = fast(tokens, positions)
