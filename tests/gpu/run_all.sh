@@ -53,13 +53,13 @@ gpu_tests() {  # SHARDS=k: k pytest processes at once on the one GPU (compiles a
   for ((k = 0; k < shards; k++)); do
     awk -v n="$shards" -v k="$k" 'NR % n == k' "$dir/ids" > "$dir/ids-$k"
     mapfile -t ids < "$dir/ids-$k"
+    # each shard logs under $out as it runs: a device call cut off at its limit still returns them
     timeout "${TESTS_TIMEOUT:-3000}" python -m pytest -q -p no:cacheprovider --durations=5 \
-      "${ids[@]}" > "$dir/log-$k" 2>&1 &
+      "${ids[@]}" > "$out/gpu-tests-$k.log" 2>&1 &
     pids+=($!)
   done
   for k in "${!pids[@]}"; do wait "${pids[$k]}" || code=1; done
-  for ((k = 0; k < shards; k++)); do echo "== shard $k"; cat "$dir/log-$k"; done
-  echo "shards: $(for ((k = 0; k < shards; k++)); do tail -n 1 "$dir/log-$k"; done | tr '\n' ' ')"
+  echo "shards: $(for ((k = 0; k < shards; k++)); do tail -n 1 "$out/gpu-tests-$k.log"; done | tr '\n' ' ')"
   return $code
 }
 if [ -n "${PARALLEL:-}" ]; then
@@ -274,7 +274,7 @@ for i in range(2):  # two cold savers, each on empty caches: does a cold compile
 
 echo "== summary (commit $CGCOMPILE_COMMIT, tree digest $CGCOMPILE_TREE)"
 cat "$out/gpu.txt" "$out/summary.txt"
-grep -hE "^(FAILED|ERROR)" "$out/gpu-tests.log" 2>/dev/null | head -20
+grep -hE "^(FAILED|ERROR)" "$out"/gpu-tests*.log 2>/dev/null | head -20
 grep -ho "'digests': \[[^]]*\]" "$out"/digests-*.log 2>/dev/null
 grep -h "^cold saver" "$out/digests-cold.log" 2>/dev/null
 grep -h "compile cache" "$out"/aot-rows-*.log 2>/dev/null
