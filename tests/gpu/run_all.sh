@@ -5,8 +5,9 @@
 # (profile), paths, interleaved, diag. Full logs go to $1 (default $OUT or ./out); a short
 # summary is printed last. STAGES picks a subset (e.g. STAGES="tests host") to fit a time limit;
 # SHARDS=3 runs the GPU tests in three processes at once (about a third of the wall time), each
-# stopped after TESTS_TIMEOUT seconds if given. PARALLEL=1 runs the stages tests, loop and hf
-# side by side (compiles overlap, timed phases take turns: benchmarks/_turns.py); ARCHIVE=1 packs
+# logging to gpu-tests-K.log, stopped after TESTS_TIMEOUT seconds if given. PARALLEL=1 runs the
+# stages tests, loop and hf side by side (compiles overlap, timed phases take turns:
+# benchmarks/_turns.py); ARCHIVE=1 packs
 # every result but summary.txt into all.tgz (a device run returns at most 8 files); DEADLINE=s
 # starts no stage after s seconds (the archive still gets made within a device call's limit).
 #   bash tests/gpu/run_all.sh "$OUT" [benchmark args, e.g. --quick]
