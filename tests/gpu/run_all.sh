@@ -7,9 +7,9 @@
 # SHARDS=3 runs the GPU tests in three processes at once (about a third of the wall time), each
 # logging to gpu-tests-K.log, stopped after TESTS_TIMEOUT seconds if given. PARALLEL=1 runs the
 # stages tests, loop and hf side by side (compiles overlap, timed phases take turns:
-# benchmarks/_turns.py); ARCHIVE=1 packs
-# every result but summary.txt into all.tgz (a device run returns at most 8 files); DEADLINE=s
-# starts no stage after s seconds (the archive still gets made within a device call's limit).
+# benchmarks/_turns.py); ARCHIVE=1 packs every result but summary.txt into all.tgz (a device run
+# returns at most 8 files); DEADLINE=s starts no stage after s seconds (the archive still gets
+# made within a device call's limit).
 #   bash tests/gpu/run_all.sh "$OUT" [benchmark args, e.g. --quick]
 # On a copied checkout whose git metadata may be stale, give the commit yourself:
 #   CGCOMPILE_COMMIT=abc1234 bash tests/gpu/run_all.sh "$OUT"   (the tree digest is printed too)
